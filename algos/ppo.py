@@ -1,0 +1,620 @@
+"""Proximal Policy Optimization, the whole run in one `jax.jit`.
+
+Papers: Schulman et al. 2017, "Proximal Policy Optimization Algorithms"
+(arXiv:1707.06347); advantages by GAE, Schulman et al. 2016, "High-Dimensional
+Continuous Control Using Generalized Advantage Estimation" (arXiv:1506.02438).
+
+The idea: collect `num_steps` x `num_envs` transitions with the current policy,
+estimate advantages with GAE, then take several epochs of minibatch gradient
+steps on a surrogate objective whose probability ratio is clipped to
+[1 - eps, 1 + eps], so each update stays close to the policy that collected the
+data. Rollout, GAE, and every update run inside one compiled `lax.scan`,
+vmapped over seeds (the PureJaxRL recipe); truncated episodes bootstrap from
+the final observation instead of being treated as terminal.
+
+    python algos/ppo.py                                   # CartPole-v1, 500k steps
+    python algos/ppo.py --preset breakout-minatar --num-seeds 4
+    python algos/ppo.py --preset pendulum                 # continuous actions
+
+Details, logged metrics and measured results: docs/ppo.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+import chex
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+
+from common import cli, envs, runner
+
+
+# --------------------------------------------------------------------------- #
+# Arguments
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class Args:
+    """PPO (Schulman et al. 2017) on a gymnax environment, jitted end to end."""
+
+    exp_name: str = "ppo"
+    """name of the experiment: part of the run directory and the plot label"""
+    seed: int = 0
+    """seed of the first run; seed index i uses seed + i"""
+    num_seeds: int = 1
+    """independent seeds trained at once with `jax.vmap`"""
+    env_id: str = "CartPole-v1"
+    """gymnax environment id"""
+    total_timesteps: int = 500_000
+    """environment steps per seed"""
+    log_every: int = 10
+    """updates per jitted chunk: metrics, progress and checkpoints happen between chunks"""
+    track: bool = False
+    """log to Weights & Biases (needs the `logging` extra)"""
+    tensorboard: bool = False
+    """write TensorBoard event files into the run directory (needs the `logging` extra)"""
+    save_model: bool = True
+    """write checkpoints of the whole runner state (needed for --resume)"""
+    checkpoint_every: int = 100
+    """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end"""
+    resume: str | None = None
+    """run directory to resume; its args.json replaces every other flag"""
+    run_root: str = "runs"
+    """directory under which run directories are created"""
+    eval_episodes: int = 10
+    """greedy evaluation episodes per seed at the end of training"""
+    compile_cache: bool = True
+    """JAX persistent compilation cache: a second run of the same command skips compiling"""
+
+    # algorithm-specific
+    num_envs: int = 4
+    """parallel environments per seed"""
+    num_steps: int = 128
+    """steps per environment per rollout"""
+    learning_rate: float = 2.5e-4
+    """Adam learning rate"""
+    anneal_lr: bool = True
+    """decay the learning rate linearly to 0 over the run"""
+    adam_eps: float = 1e-5
+    """Adam epsilon"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    num_minibatches: int = 4
+    """minibatches per epoch; must divide num_envs * num_steps"""
+    update_epochs: int = 4
+    """epochs over each rollout"""
+    norm_adv: bool = True
+    """normalise advantages within each minibatch"""
+    clip_coef: float = 0.2
+    """surrogate clipping epsilon"""
+    clip_vloss: bool = True
+    """clip the value loss around the rollout's value predictions"""
+    vf_clip_coef: float = 0.2
+    """value clipping range (RLlib's vf_clip_param is 10)"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip"""
+    target_kl: float | None = None
+    """stop the epochs of an update once an epoch's mean approx-KL exceeds this (None: never)"""
+    kl_coef: float = 0.0
+    """initial adaptive KL-penalty coefficient as in RLlib (0: no penalty)"""
+    kl_target: float = 0.01
+    """KL target of the adaptive penalty: x1.5 above 2x target, x0.5 below half"""
+    torso: Literal["auto", "mlp", "cnn"] = "auto"
+    """network torso: auto picks cnn for image observations [H, W, C], mlp otherwise"""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """MLP layer widths (after the convolution for the cnn torso)"""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """hidden-layer activation"""
+    shared_torso: bool = False
+    """actor and critic share one torso (else two separate ones)"""
+    normalize_obs: bool = False
+    """running observation normalisation (continuous control)"""
+    normalize_reward: bool = False
+    """scale rewards by the running std of the discounted return (continuous control)"""
+
+    def __post_init__(self):
+        positive = ("num_seeds", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                    "log_every", "checkpoint_every", "eval_episodes")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size % self.num_minibatches:
+            raise ValueError(
+                f"the batch num_envs * num_steps = {self.num_envs} * {self.num_steps} = "
+                f"{self.batch_size} does not divide into num_minibatches={self.num_minibatches} "
+                f"minibatches; choose a divisor of {self.batch_size}"
+            )
+        if self.num_updates < 1:
+            raise ValueError(
+                f"total_timesteps={self.total_timesteps} is less than one batch "
+                f"(num_envs * num_steps = {self.batch_size})"
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+
+# --------------------------------------------------------------------------- #
+# Networks
+# --------------------------------------------------------------------------- #
+ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu}
+
+
+def dense(in_features: int, out_features: int, scale: float, rngs: nnx.Rngs) -> nnx.Linear:
+    """Linear layer with orthogonal weights (gain `scale`) and zero bias, as in
+    the PPO implementation details (Huang et al. 2022, detail 2)."""
+    return nnx.Linear(
+        in_features, out_features, kernel_init=nnx.initializers.orthogonal(scale),
+        bias_init=nnx.initializers.zeros_init(), rngs=rngs,
+    )
+
+
+class MLP(nnx.Module):
+    """[B, D] -> [B, hidden_sizes[-1]]."""
+
+    def __init__(self, in_features: int, hidden_sizes: tuple[int, ...], activation: str, rngs: nnx.Rngs):
+        sizes = (in_features, *hidden_sizes)
+        self.layers = nnx.List([dense(a, b, np.sqrt(2), rngs) for a, b in zip(sizes[:-1], sizes[1:])])
+        self.activation = ACTIVATIONS[activation]
+        self.out_features = sizes[-1]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for layer in self.layers:
+            x = self.activation(layer(x))
+        return x
+
+
+class MinAtarCNN(nnx.Module):
+    """[B, H, W, C] -> [B, hidden_sizes[-1]]: one 3x3 conv with 16 channels and
+    no padding, then an MLP (the MinAtar network, Young & Tian 2019)."""
+
+    def __init__(self, obs_shape: tuple[int, ...], hidden_sizes: tuple[int, ...], activation: str, rngs: nnx.Rngs):
+        height, width, channels = obs_shape
+        self.conv = nnx.Conv(
+            channels, 16, kernel_size=(3, 3), padding="VALID",
+            kernel_init=nnx.initializers.orthogonal(np.sqrt(2)), rngs=rngs,
+        )
+        self.mlp = MLP((height - 2) * (width - 2) * 16, hidden_sizes, activation, rngs)
+        self.out_features = self.mlp.out_features
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = jax.nn.relu(self.conv(x))
+        return self.mlp(x.reshape(x.shape[0], -1))
+
+
+class ActorCritic(nnx.Module):
+    """obs [B, *obs_shape] -> (policy parameters, value [B]).
+
+    Discrete: logits [B, A]. Continuous: Gaussian mean [B, A] with a learned,
+    state-independent log-std [A]. The policy head starts near uniform
+    (orthogonal gain 0.01), the value head with gain 1.
+    """
+
+    def __init__(self, spec: envs.EnvSpec, torso: str, hidden_sizes, activation, shared_torso, rngs: nnx.Rngs):
+        def make_torso():
+            if torso == "cnn":
+                return MinAtarCNN(spec.obs_shape, hidden_sizes, activation, rngs)
+            return MLP(int(np.prod(spec.obs_shape)), hidden_sizes, activation, rngs)
+
+        self.actor_torso = make_torso()
+        self.critic_torso = None if shared_torso else make_torso()
+        features = self.actor_torso.out_features
+        self.policy_head = dense(features, spec.num_actions, 0.01, rngs)
+        self.value_head = dense(features, 1, 1.0, rngs)
+        self.discrete = spec.discrete
+        if not spec.discrete:
+            self.log_std = nnx.Param(jnp.zeros(spec.num_actions))
+
+    def distribution(self, actor_features: jax.Array) -> distrax.Distribution:
+        out = self.policy_head(actor_features)
+        if self.discrete:
+            return distrax.Categorical(logits=out)
+        return distrax.MultivariateNormalDiag(out, jnp.exp(self.log_std[...]) * jnp.ones_like(out))
+
+    def act(self, obs: jax.Array) -> distrax.Distribution:
+        """The policy alone: acting needs no critic."""
+        return self.distribution(self.actor_torso(obs))
+
+    def value(self, obs: jax.Array) -> jax.Array:
+        torso = self.critic_torso or self.actor_torso
+        return self.value_head(torso(obs))[..., 0]
+
+    def __call__(self, obs: jax.Array) -> tuple[distrax.Distribution, jax.Array]:
+        actor_features = self.actor_torso(obs)
+        critic_features = actor_features if self.critic_torso is None else self.critic_torso(obs)
+        return self.distribution(actor_features), self.value_head(critic_features)[..., 0]
+
+
+# --------------------------------------------------------------------------- #
+# Pytrees
+# --------------------------------------------------------------------------- #
+@struct.dataclass
+class Hyperparams:
+    """Hyperparameters read inside the jitted update. They live in the runner
+    state, so `train` can be vmapped over them (a sweep in one compile)."""
+
+    learning_rate: jax.Array  # []
+    gamma: jax.Array  # []
+    gae_lambda: jax.Array  # []
+    clip_coef: jax.Array  # []
+    ent_coef: jax.Array  # []
+    vf_coef: jax.Array  # []
+
+    @classmethod
+    def from_args(cls, args: Args) -> "Hyperparams":
+        return cls(*(jnp.float32(getattr(args, f.name)) for f in dataclasses.fields(cls)))
+
+
+class Transition(NamedTuple):
+    """One rollout step; under the rollout scan every field gains `[T, N]` in front."""
+
+    obs: jax.Array  # [N, *obs_shape]
+    action: jax.Array  # [N] (discrete) or [N, A]
+    log_prob: jax.Array  # [N] log-prob of `action` under the collecting policy
+    reward: jax.Array  # [N]
+    terminated: jax.Array  # [N] bool: the episode really ended, V(next) = 0
+    truncated: jax.Array  # [N] bool: time limit; bootstrap from next_obs
+    next_obs: jax.Array  # [N, *obs_shape] info["final_observation"]: the true next state
+    episode_done: jax.Array  # [N] bool, from common.envs.EpisodeStatistics
+    episode_return: jax.Array  # [N]
+    episode_length: jax.Array  # [N]
+
+
+class Batch(NamedTuple):
+    """What a minibatch gradient step needs; leading axis [B] (or [minibatch])."""
+
+    obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    advantage: jax.Array
+    target_return: jax.Array
+
+
+@struct.dataclass
+class RunnerState:
+    """Everything a run carries from one update to the next (and checkpoints)."""
+
+    params: nnx.State
+    opt_state: optax.OptState
+    env_state: Any  # wrapped gymnax state, leaves [num_envs, ...]
+    obs: jax.Array  # [num_envs, *obs_shape]
+    key: jax.Array  # typed PRNG key
+    update_step: jax.Array  # [] updates completed
+    kl_coef: jax.Array  # [] adaptive KL-penalty coefficient (0 when off)
+    hparams: Hyperparams
+
+
+# --------------------------------------------------------------------------- #
+# Algorithm logic (pure functions; the unit tests import these)
+# --------------------------------------------------------------------------- #
+def compute_gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    gamma: float | jax.Array,
+    gae_lambda: float | jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation with a reverse `lax.scan`, all inputs [T, N].
+
+    `next_values[t]` is V of the state step t reached: V(info["final_observation"]),
+    which on a truncated step is the state before the automatic reset. Then
+
+        delta_t = r_t + gamma * (1 - terminated_t) * next_values_t - values_t
+        A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}
+
+    with done = terminated or truncated: a time limit keeps its bootstrap but
+    still cuts the trace, because A_{t+1} belongs to the next episode.
+    Returns (advantages, returns = advantages + values), both [T, N].
+    """
+    chex.assert_equal_shape([rewards, values, next_values, terminated, truncated])
+    not_terminated = 1.0 - terminated.astype(jnp.float32)
+    episode_continues = 1.0 - jnp.logical_or(terminated, truncated).astype(jnp.float32)
+    deltas = rewards + gamma * not_terminated * next_values - values
+
+    def backward(next_advantage, step):
+        delta, continues = step
+        advantage = delta + gamma * gae_lambda * continues * next_advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(
+        backward, jnp.zeros_like(deltas[0]), (deltas, episode_continues), reverse=True, unroll=16
+    )
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    new_log_prob: jax.Array,
+    entropy: jax.Array,
+    new_value: jax.Array,
+    batch: Batch,
+    hparams: Hyperparams,
+    kl_coef: jax.Array,
+    *,
+    norm_adv: bool,
+    clip_vloss: bool,
+    vf_clip_coef: float,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Clipped-surrogate PPO loss on a minibatch (Schulman et al. 2017, eq. 7 and 9).
+
+    new_log_prob, entropy, new_value: [M] from the current parameters; `batch`
+    holds the rollout's log-probs, values, advantages and returns, [M].
+    loss = -L^CLIP + vf_coef * L^VF - ent_coef * H + kl_coef * KL
+    """
+    log_ratio = new_log_prob - batch.log_prob
+    ratio = jnp.exp(log_ratio)
+    advantage = batch.advantage
+    if norm_adv:
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    clip = hparams.clip_coef
+    policy_loss = jnp.maximum(-advantage * ratio, -advantage * jnp.clip(ratio, 1 - clip, 1 + clip)).mean()
+
+    value_error = jnp.square(new_value - batch.target_return)
+    if clip_vloss:
+        clipped_value = batch.value + jnp.clip(new_value - batch.value, -vf_clip_coef, vf_clip_coef)
+        value_error = jnp.maximum(value_error, jnp.square(clipped_value - batch.target_return))
+    value_loss = 0.5 * value_error.mean()
+
+    # KL(old || new) estimated without bias by (ratio - 1) - log ratio (Schulman, "Approximating KL").
+    approx_kl = ((ratio - 1.0) - log_ratio).mean()
+    entropy = entropy.mean()
+    loss = policy_loss + hparams.vf_coef * value_loss - hparams.ent_coef * entropy + kl_coef * approx_kl
+    return loss, {
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": approx_kl,
+        "clip_fraction": (jnp.abs(ratio - 1.0) > clip).mean(),
+    }
+
+
+def adapt_kl_coef(kl_coef: jax.Array, mean_kl: jax.Array, kl_target: float) -> jax.Array:
+    """RLlib's adaptive KL coefficient: x1.5 when the update's KL exceeds twice
+    the target, x0.5 when it is under half of it."""
+    return jnp.where(mean_kl > 2.0 * kl_target, kl_coef * 1.5, jnp.where(mean_kl < 0.5 * kl_target, kl_coef * 0.5, kl_coef))
+
+
+def explained_variance(prediction: jax.Array, target: jax.Array) -> jax.Array:
+    """1 - Var[target - prediction] / Var[target] (1 is perfect, <= 0 is useless)."""
+    return 1.0 - jnp.var(target - prediction) / (jnp.var(target) + 1e-8)
+
+
+# --------------------------------------------------------------------------- #
+# Training
+# --------------------------------------------------------------------------- #
+class PPO(NamedTuple):
+    """What `make_train` returns: pure functions closed over the static config."""
+
+    init: Any  # (key, hparams=None) -> RunnerState
+    update: Any  # RunnerState -> (RunnerState, metrics: dict of [] arrays)
+    train: Any  # (key, hparams=None) -> (RunnerState, metrics: dict of [num_updates] arrays)
+    evaluate: Any  # (RunnerState, key) -> episode returns [eval_episodes]
+    policy: Any  # (params, obs [B, *obs_shape]) -> (distribution, value [B])
+    spec: envs.EnvSpec
+
+
+def make_train(args: Args) -> PPO:
+    probe_env, probe_params = envs.make(args.env_id)
+    probe_spec = envs.spec(probe_env, probe_params)
+    image_obs = len(probe_spec.obs_shape) == 3
+    torso = args.torso if args.torso != "auto" else ("cnn" if image_obs else "mlp")
+    if torso == "cnn" and not image_obs:
+        raise ValueError(
+            f"torso='cnn' needs image observations [H, W, C]; {args.env_id} observations "
+            f"have shape {probe_spec.obs_shape} (use torso='mlp' or 'auto')"
+        )
+    env, env_params = envs.make(
+        args.env_id, args.num_envs, flatten_obs=torso == "mlp", normalize_obs=args.normalize_obs,
+        normalize_reward=args.normalize_reward, gamma=args.gamma,
+    )
+    eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp")
+    spec = envs.spec(env, env_params)
+    # The module structure, without computing any weights (they are made per seed in `init`).
+    graphdef = nnx.graphdef(nnx.eval_shape(
+        lambda: ActorCritic(spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(0))
+    ))
+    num_updates, nmb, mbs = args.num_updates, args.num_minibatches, args.minibatch_size
+    use_kl_penalty = args.kl_coef > 0
+
+    def policy(params: nnx.State, obs: jax.Array):
+        return nnx.merge(graphdef, params)(obs)
+
+    def actor(params: nnx.State, obs: jax.Array) -> distrax.Distribution:
+        return nnx.merge(graphdef, params).act(obs)
+
+    def value_fn(params: nnx.State, obs: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, params).value(obs)
+
+    def make_optimizer(learning_rate):
+        return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(learning_rate, eps=args.adam_eps))
+
+    optimizer = optax.inject_hyperparams(make_optimizer)(learning_rate=args.learning_rate)
+
+    def init(key: jax.Array, hparams: Hyperparams | None = None) -> RunnerState:
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
+        key, model_key, env_key = jax.random.split(key, 3)
+        params = nnx.split(
+            ActorCritic(spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(model_key))
+        )[1]
+        obs, env_state = env.reset(env_key, env_params)
+        return RunnerState(
+            params=params,
+            opt_state=optimizer.init(params),
+            env_state=env_state,
+            obs=obs,
+            key=key,
+            update_step=jnp.zeros((), jnp.int32),
+            kl_coef=jnp.float32(args.kl_coef),
+            hparams=hparams,
+        )
+
+    def rollout(state: RunnerState):
+        """num_steps steps of num_envs envs with the current policy -> Transition [T, N]."""
+
+        def env_step(carry, _):
+            env_state, obs, key = carry
+            key, action_key, step_key = jax.random.split(key, 3)
+            dist = actor(state.params, obs)
+            action = dist.sample(seed=action_key)
+            next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
+            transition = Transition(
+                obs, action, dist.log_prob(action), reward, terminated, truncated,
+                info["final_observation"], info["episode_done"], info["episode_return"], info["episode_length"],
+            )
+            return (env_state, next_obs, key), transition
+
+        return jax.lax.scan(env_step, (state.env_state, state.obs, state.key), None, args.num_steps)
+
+    def minibatch_step(carry, minibatch: Batch):
+        params, opt_state, hparams, kl_coef = carry
+
+        def loss_fn(params):
+            dist, new_value = policy(params, minibatch.obs)
+            return ppo_loss(
+                dist.log_prob(minibatch.action), dist.entropy(), new_value, minibatch, hparams, kl_coef,
+                norm_adv=args.norm_adv, clip_vloss=args.clip_vloss, vf_clip_coef=args.vf_clip_coef,
+            )
+
+        grads, stats = jax.grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state, hparams, kl_coef), stats
+
+    def update(state: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
+        """One PPO iteration: rollout, GAE, `update_epochs` x `num_minibatches` steps."""
+        hp = state.hparams
+        (env_state, obs, key), traj = rollout(state)
+
+        # The critic is not needed to act, so it runs once over the whole rollout:
+        # V(s_t) and V(true next state) in one batched pass [2, T, N] instead of
+        # 2 x num_steps small passes inside the sequential loop.
+        values, next_values = value_fn(state.params, jnp.stack([traj.obs, traj.next_obs]))
+        advantages, returns = compute_gae(
+            traj.reward, values, next_values, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda
+        )
+        batch = Batch(traj.obs, traj.action, traj.log_prob, values, advantages, returns)
+        batch = jax.tree.map(lambda x: x.reshape((args.batch_size,) + x.shape[2:]), batch)
+
+        # Linear annealing as in PureJaxRL: lr_k = lr * (1 - k / num_updates).
+        fraction_left = 1.0 - state.update_step / num_updates if args.anneal_lr else 1.0
+        learning_rate = hp.learning_rate * fraction_left
+        opt_state = state.opt_state._replace(
+            hyperparams={**state.opt_state.hyperparams, "learning_rate": learning_rate}
+        )
+
+        def epoch(carry, _):
+            params, opt_state, key, stopped = carry
+            key, permutation_key = jax.random.split(key)
+            permutation = jax.random.permutation(permutation_key, args.batch_size)
+            minibatches = jax.tree.map(lambda x: x[permutation].reshape((nmb, mbs) + x.shape[1:]), batch)
+            (new_params, new_opt_state, _, _), stats = jax.lax.scan(
+                minibatch_step, (params, opt_state, hp, state.kl_coef), minibatches
+            )
+            if args.target_kl is None:
+                return (new_params, new_opt_state, key, stopped), (stats, jnp.bool_(True))
+            # Target-KL early stop: once an epoch's mean KL passes target_kl, later epochs change nothing.
+            params, opt_state = jax.tree.map(
+                lambda new, old: jnp.where(stopped, old, new), (new_params, new_opt_state), (params, opt_state)
+            )
+            executed = ~stopped
+            stopped = stopped | (stats["approx_kl"].mean() > args.target_kl)
+            return (params, opt_state, key, stopped), (stats, executed)
+
+        (params, opt_state, key, _), (stats, executed) = jax.lax.scan(
+            epoch, (state.params, opt_state, key, jnp.bool_(False)), None, args.update_epochs
+        )
+        # Means over the minibatch steps of the epochs that ran: stats [epochs, minibatches].
+        weights = jnp.broadcast_to(executed.astype(jnp.float32)[:, None], stats["approx_kl"].shape)
+        stats = jax.tree.map(lambda x: (x * weights).sum() / weights.sum(), stats)
+
+        kl_coef = adapt_kl_coef(state.kl_coef, stats["approx_kl"], args.kl_target) if use_kl_penalty else state.kl_coef
+        new_state = RunnerState(params, opt_state, env_state, obs, key, state.update_step + 1, kl_coef, hp)
+        metrics = {
+            **envs.episode_metrics(
+                {"episode_done": traj.episode_done, "episode_return": traj.episode_return,
+                 "episode_length": traj.episode_length}
+            ),
+            **stats,
+            "explained_variance": explained_variance(batch.value, batch.target_return),
+            "learning_rate": learning_rate,
+            "kl_coef": state.kl_coef,
+            "epochs_completed": executed.sum().astype(jnp.float32),
+            "advantage_mean": advantages.mean(),
+            "return_mean": returns.mean(),
+        }
+        return new_state, metrics
+
+    def train(key: jax.Array, hparams: Hyperparams | None = None):
+        """The whole run as one `lax.scan` over updates: jit it, vmap it over
+        seeds (keys) and hyperparameters."""
+        return jax.lax.scan(lambda s, _: update(s), init(key, hparams), None, num_updates)
+
+    def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
+        """Greedy policy (argmax / Gaussian mean), one episode in each of
+        `eval_episodes` envs; returns their undiscounted returns [eval_episodes]."""
+        normaliser = envs.find_state(state.env_state, envs.NormalizeObservationState).obs_stats if args.normalize_obs else None
+        reset_key, key = jax.random.split(key)
+        obs, env_state = eval_env.reset(reset_key, env_params)
+        num = args.eval_episodes
+
+        def greedy(obs):
+            if normaliser is not None:
+                obs = envs.normalize(obs, normaliser)
+            return actor(state.params, obs).mode()
+
+        def body(carry):
+            obs, env_state, key, finished, returns, t = carry
+            key, step_key = jax.random.split(key)
+            obs, env_state, _, _, _, info = eval_env.step(step_key, env_state, greedy(obs), env_params)
+            newly = info["episode_done"] & ~finished
+            returns = jnp.where(newly, info["episode_return"], returns)
+            return obs, env_state, key, finished | newly, returns, t + 1
+
+        def keep_going(carry):
+            return ~jnp.all(carry[3]) & (carry[5] < spec.max_episode_steps + 1)
+
+        carry = (obs, env_state, key, jnp.zeros(num, bool), jnp.zeros(num), 0)
+        return jax.lax.while_loop(keep_going, body, carry)[4]
+
+    return PPO(init, update, train, evaluate, policy, spec)
+
+
+# --------------------------------------------------------------------------- #
+# Host loop
+# --------------------------------------------------------------------------- #
+def main(args: Args) -> runner.RunResult:
+    """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
+    run directory, metrics.csv, progress, checkpoints, resume), then evaluate greedily."""
+    args = cli.resolve_resume(args)
+    cli.configure_jax(args.compile_cache)
+    ppo = make_train(args)
+    return runner.run(
+        args, ppo.init, ppo.update, ppo.evaluate, num_updates=args.num_updates, steps_per_update=args.batch_size
+    )
+
+
+if __name__ == "__main__":
+    with cli.user_errors():
+        main(cli.parse(Args, "ppo"))

@@ -1,0 +1,133 @@
+"""Checkpoints of a whole runner state (params, optimizer, env states, replay
+buffers, keys, counters): any pytree of arrays, typed PRNG keys included.
+
+A checkpoint is one `.npz` file per saved update under `<run_dir>/checkpoints/`,
+one array per pytree leaf, named by its path in the tree. It is written to a
+temporary file and renamed into place, so a run killed mid-write leaves the
+previous checkpoint intact. Restoring needs a template of the same structure
+(the state `init` builds), against which every leaf's path, shape and dtype is
+checked, so a checkpoint from a different configuration fails with a clear
+error instead of silently mis-loading.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+_PATTERN = re.compile(r"^update_(\d+)\.npz$")
+_KEY_PREFIX = "prng_key:"
+
+
+def _is_key(x) -> bool:
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _leaves_with_names(tree) -> list[tuple[str, Any]]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [(jax.tree_util.keystr(path), leaf) for path, leaf in flat]
+
+
+def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save(run_dir: str | os.PathLike, update: int, state, keep: int = 2) -> Path:
+    """Write `state` as the checkpoint of `update`; keep the newest `keep` files."""
+    directory = checkpoint_dir(run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays = {}
+    for name, leaf in _leaves_with_names(jax.device_get(state)):
+        if _is_key(leaf):
+            arrays[_KEY_PREFIX + name] = np.asarray(jax.random.key_data(leaf))
+        else:
+            arrays[name] = np.asarray(leaf)
+    path = directory / f"update_{update:09d}.npz"
+    tmp = directory / f".update_{update:09d}.npz.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink()
+    return path
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Checkpoint files of a run, oldest first."""
+    directory = checkpoint_dir(run_dir)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _PATTERN.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_update(run_dir: str | os.PathLike) -> int | None:
+    checkpoints = list_checkpoints(run_dir)
+    return int(_PATTERN.match(checkpoints[-1].name).group(1)) if checkpoints else None
+
+
+def restore(run_dir: str | os.PathLike, template, update: int | None = None):
+    """Load the newest (or the given) checkpoint into the structure of `template`.
+
+    Returns `(state, update)`. Raises FileNotFoundError naming the directory when
+    there is no checkpoint and ValueError naming the first leaf that does not
+    match the template.
+    """
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints:
+        raise FileNotFoundError(
+            f"no checkpoint in {str(checkpoint_dir(run_dir))!r} (looked for update_*.npz); "
+            "was the run started with --save-model?"
+        )
+    if update is None:
+        path = checkpoints[-1]
+    else:
+        path = checkpoint_dir(run_dir) / f"update_{update:09d}.npz"
+        if not path.exists():
+            raise FileNotFoundError(f"no checkpoint {str(path)!r}; have {[p.name for p in checkpoints]}")
+    flat, treedef = jax.tree_util.tree_flatten_with_path(template)
+    leaves = []
+    with np.load(path) as stored:
+        for key_path, leaf in flat:
+            name = jax.tree_util.keystr(key_path)
+            if _is_key(leaf):
+                data = _get(stored, _KEY_PREFIX + name, path)
+                restored = jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+                expected = jax.random.key_data(leaf)
+                _check(name, data, expected, path)
+            else:
+                restored = _get(stored, name, path)
+                _check(name, restored, leaf, path)
+            leaves.append(restored)
+        extra = set(stored.files) - {jax.tree_util.keystr(p) for p, _ in flat} - {
+            _KEY_PREFIX + jax.tree_util.keystr(p) for p, _ in flat
+        }
+    if extra:
+        raise ValueError(f"checkpoint {path} has leaves the current state lacks: {sorted(extra)[:5]}")
+    state = jax.tree_util.tree_unflatten(treedef, leaves)
+    return state, int(_PATTERN.match(path.name).group(1))
+
+
+def _get(stored, name, path):
+    if name not in stored.files:
+        raise ValueError(
+            f"checkpoint {path} has no leaf {name!r}: it was written by a different "
+            "configuration or version of the algorithm"
+        )
+    return stored[name]
+
+
+def _check(name, value, template_leaf, path):
+    shape, dtype = np.shape(template_leaf), np.asarray(template_leaf).dtype
+    if value.shape != shape or value.dtype != dtype:
+        raise ValueError(
+            f"checkpoint {path}: leaf {name!r} is {value.dtype}{list(value.shape)}, "
+            f"the current state expects {dtype}{list(shape)} (different Args?)"
+        )

@@ -1,0 +1,336 @@
+"""Environments: `make(env_id)` for the gymnax ids, with the standard wrappers.
+
+Every wrapper keeps the gymnax >= 1.0 step signature
+
+    obs, state, reward, terminated, truncated, info = env.step(key, state, action, params)
+
+where `info["final_observation"]` is the observation the step reached before
+the automatic reset. Algorithms bootstrap truncated steps from it; only
+`terminated` ends the value.
+
+Wrapper order built by `make` (inner to outer):
+
+    gymnax env -> ClipAction (Box actions) -> EpisodeStatistics -> FlattenObservation
+               -> VecEnv(num_envs) -> NormalizeObservation -> NormalizeReward
+
+Episode statistics sit inside the normalisers, so logged returns are the raw
+environment returns. The two normalisers act on the whole batch of envs (one
+running mean and variance shared by all of them), as in Stable-Baselines'
+VecNormalize and PureJaxRL.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+import gymnax
+from gymnax.environments import spaces
+
+# MNISTBandit downloads MNIST when it is built; nothing here may download at run time.
+_DOWNLOADS_DATA = ("MNISTBandit-bsuite",)
+ENV_IDS: tuple[str, ...] = tuple(e for e in gymnax.registered_envs if e not in _DOWNLOADS_DATA)
+
+
+class EnvSpec(NamedTuple):
+    """What an algorithm needs to know about an environment to build its networks."""
+
+    obs_shape: tuple[int, ...]
+    discrete: bool
+    num_actions: int  # discrete: number of actions; continuous: action dimension
+    action_low: np.ndarray | None  # continuous only, [A]
+    action_high: np.ndarray | None
+    max_episode_steps: int
+
+
+class Wrapper:
+    """Forwards every attribute it does not define to the wrapped env."""
+
+    def __init__(self, env):
+        self._env = env
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    @property
+    def unwrapped(self):
+        return getattr(self._env, "unwrapped", self._env)
+
+
+class ClipAction(Wrapper):
+    """Clips continuous actions to the Box bounds before the env sees them, so a
+    Gaussian policy may sample outside them (its log-prob stays that of the
+    unclipped sample)."""
+
+    @partial(jax.jit, static_argnames=("self",))
+    def step(self, key, state, action, params=None):
+        space = self._env.action_space(params)
+        action = jnp.clip(action, space.low, space.high)
+        return self._env.step(key, state, action, params)
+
+
+@struct.dataclass
+class EpisodeStatisticsState:
+    env_state: Any
+    episode_return: jax.Array  # [] undiscounted return of the running episode
+    episode_length: jax.Array  # [] steps of the running episode
+
+
+class EpisodeStatistics(Wrapper):
+    """Adds to `info`, at every step:
+
+    - `episode_done`: the step ended an episode (terminated or truncated),
+    - `episode_return`, `episode_length`: that episode's totals, meaningful only
+      where `episode_done` (use `episode_metrics` for masked means).
+    """
+
+    @partial(jax.jit, static_argnames=("self",))
+    def reset(self, key, params=None):
+        obs, env_state = self._env.reset(key, params)
+        return obs, EpisodeStatisticsState(env_state, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+
+    @partial(jax.jit, static_argnames=("self",))
+    def step(self, key, state, action, params=None):
+        obs, env_state, reward, terminated, truncated, info = self._env.step(
+            key, state.env_state, action, params
+        )
+        done = jnp.logical_or(terminated, truncated)
+        episode_return = state.episode_return + reward
+        episode_length = state.episode_length + 1
+        info = {
+            **info,
+            "episode_done": done,
+            "episode_return": episode_return,
+            "episode_length": episode_length,
+        }
+        state = EpisodeStatisticsState(
+            env_state,
+            jnp.where(done, 0.0, episode_return),
+            jnp.where(done, 0, episode_length),
+        )
+        return obs, state, reward, terminated, truncated, info
+
+
+class FlattenObservation(Wrapper):
+    """Flattens observations (and `final_observation`) to one float32 vector."""
+
+    def observation_space(self, params):
+        space = self._env.observation_space(params)
+        return spaces.Box(-jnp.inf, jnp.inf, (int(np.prod(space.shape)),), jnp.float32)
+
+    @partial(jax.jit, static_argnames=("self",))
+    def reset(self, key, params=None):
+        obs, state = self._env.reset(key, params)
+        return jnp.reshape(obs, (-1,)).astype(jnp.float32), state
+
+    @partial(jax.jit, static_argnames=("self",))
+    def step(self, key, state, action, params=None):
+        obs, state, reward, terminated, truncated, info = self._env.step(key, state, action, params)
+        flat = lambda x: jnp.reshape(x, (-1,)).astype(jnp.float32)
+        info = {**info, "final_observation": flat(info["final_observation"])}
+        return flat(obs), state, reward, terminated, truncated, info
+
+
+class VecEnv(Wrapper):
+    """`num_envs` copies of an env, vmapped. Keys are split per env; observations,
+    rewards and flags gain a leading `[num_envs]` axis."""
+
+    def __init__(self, env, num_envs: int):
+        super().__init__(env)
+        self.num_envs = num_envs
+
+    @partial(jax.jit, static_argnames=("self",))
+    def reset(self, key, params=None):
+        keys = jax.random.split(key, self.num_envs)
+        return jax.vmap(self._env.reset, in_axes=(0, None))(keys, params)
+
+    @partial(jax.jit, static_argnames=("self",))
+    def step(self, key, state, action, params=None):
+        keys = jax.random.split(key, self.num_envs)
+        return jax.vmap(self._env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
+
+
+@struct.dataclass
+class RunningMeanStd:
+    """Running mean and variance (Chan et al. parallel update) over a batch axis."""
+
+    mean: jax.Array
+    var: jax.Array
+    count: jax.Array
+
+    @classmethod
+    def zeros(cls, shape):
+        return cls(jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32), jnp.asarray(1e-4, jnp.float32))
+
+    def update(self, batch: jax.Array) -> "RunningMeanStd":
+        batch_mean, batch_var = batch.mean(0), batch.var(0)
+        batch_count = batch.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        mean = self.mean + delta * batch_count / total
+        m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
+        return RunningMeanStd(mean, m2 / total, total)
+
+
+@struct.dataclass
+class NormalizeObservationState:
+    env_state: Any
+    obs_stats: RunningMeanStd
+
+
+def normalize(obs: jax.Array, stats: RunningMeanStd, clip: float = 10.0) -> jax.Array:
+    """(obs - mean) / sqrt(var + 1e-8), clipped to +-clip."""
+    return jnp.clip((obs - stats.mean) / jnp.sqrt(stats.var + 1e-8), -clip, clip)
+
+
+class NormalizeObservation(Wrapper):
+    """Normalises observations with running statistics updated from every batch.
+    `final_observation` is normalised with the same statistics as `obs`. An
+    evaluation env reuses the training statistics: read them with
+    `find_state(train_state, NormalizeObservationState).obs_stats` and apply
+    `normalize`."""
+
+    @partial(jax.jit, static_argnames=("self",))
+    def reset(self, key, params=None):
+        obs, env_state = self._env.reset(key, params)
+        stats = RunningMeanStd.zeros(obs.shape[1:]).update(obs)
+        return normalize(obs, stats), NormalizeObservationState(env_state, stats)
+
+    @partial(jax.jit, static_argnames=("self",))
+    def step(self, key, state, action, params=None):
+        obs, env_state, reward, terminated, truncated, info = self._env.step(
+            key, state.env_state, action, params
+        )
+        stats = state.obs_stats.update(obs)
+        info = {**info, "final_observation": normalize(info["final_observation"], stats)}
+        return normalize(obs, stats), NormalizeObservationState(env_state, stats), reward, terminated, truncated, info
+
+
+@struct.dataclass
+class NormalizeRewardState:
+    env_state: Any
+    discounted_return: jax.Array  # [num_envs] running discounted return per env
+    return_stats: RunningMeanStd
+
+
+class NormalizeReward(Wrapper):
+    """Scales rewards by 1 / std of the discounted return (Engstrom et al. 2020,
+    "Implementation Matters", section 3), clipped to +-10. The running return is
+    reset at every episode end."""
+
+    def __init__(self, env, gamma: float, clip: float = 10.0):
+        super().__init__(env)
+        self.gamma = gamma
+        self.clip = clip
+
+    @partial(jax.jit, static_argnames=("self",))
+    def reset(self, key, params=None):
+        obs, env_state = self._env.reset(key, params)
+        num_envs = obs.shape[0]
+        return obs, NormalizeRewardState(env_state, jnp.zeros(num_envs), RunningMeanStd.zeros(()))
+
+    @partial(jax.jit, static_argnames=("self",))
+    def step(self, key, state, action, params=None):
+        obs, env_state, reward, terminated, truncated, info = self._env.step(
+            key, state.env_state, action, params
+        )
+        discounted_return = state.discounted_return * self.gamma + reward
+        stats = state.return_stats.update(discounted_return)
+        done = jnp.logical_or(terminated, truncated)
+        scaled = jnp.clip(reward / jnp.sqrt(stats.var + 1e-8), -self.clip, self.clip)
+        new_state = NormalizeRewardState(env_state, jnp.where(done, 0.0, discounted_return), stats)
+        return obs, new_state, scaled, terminated, truncated, info
+
+
+def make(
+    env_id: str,
+    num_envs: int | None = None,
+    *,
+    flatten_obs: bool = False,
+    normalize_obs: bool = False,
+    normalize_reward: bool = False,
+    gamma: float = 0.99,
+    max_episode_steps: int | None = None,
+    **env_kwargs,
+):
+    """Build a gymnax env with the standard wrappers; returns `(env, env_params)`.
+
+    num_envs: vmapped copies (`None`: one env without a batch axis; the
+        normalisers need a batch and so need `num_envs`).
+    max_episode_steps: override the env's time limit (e.g. 200 for CartPole-v0);
+        reaching it is a truncation, never a termination.
+    """
+    if env_id not in ENV_IDS:
+        hint = " (it downloads a dataset when built)" if env_id in _DOWNLOADS_DATA else ""
+        raise ValueError(f"unknown env_id {env_id!r}{hint}; valid ids: {', '.join(ENV_IDS)}")
+    if (normalize_obs or normalize_reward) and num_envs is None:
+        raise ValueError("observation/reward normalisation works on a batch: pass num_envs")
+    if num_envs is not None and num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    env, env_params = gymnax.make(env_id, **env_kwargs)
+    if max_episode_steps is not None:
+        env_params = env_params.replace(max_steps_in_episode=max_episode_steps)
+    if isinstance(env.action_space(env_params), spaces.Box):
+        env = ClipAction(env)
+    env = EpisodeStatistics(env)
+    if flatten_obs:
+        env = FlattenObservation(env)
+    if num_envs is not None:
+        env = VecEnv(env, num_envs)
+    if normalize_obs:
+        env = NormalizeObservation(env)
+    if normalize_reward:
+        env = NormalizeReward(env, gamma)
+    return env, env_params
+
+
+def spec(env, env_params) -> EnvSpec:
+    """Observation shape and action space of a (possibly wrapped) env."""
+    obs_space = env.observation_space(env_params)
+    action_space = env.action_space(env_params)
+    discrete = isinstance(action_space, spaces.Discrete)
+    if discrete:
+        num_actions, low, high = int(action_space.n), None, None
+    else:
+        num_actions = int(np.prod(action_space.shape))
+        low = np.broadcast_to(np.asarray(action_space.low, np.float32), (num_actions,))
+        high = np.broadcast_to(np.asarray(action_space.high, np.float32), (num_actions,))
+    return EnvSpec(
+        obs_shape=tuple(int(d) for d in obs_space.shape),
+        discrete=discrete,
+        num_actions=num_actions,
+        action_low=low,
+        action_high=high,
+        max_episode_steps=int(env_params.max_steps_in_episode),
+    )
+
+
+def episode_metrics(info: dict) -> dict[str, jax.Array]:
+    """Masked means over the episodes that finished in a batch of steps.
+
+    `info` leaves have any shape (e.g. `[T, N]`). Returns `episode_return` and
+    `episode_length` averaged over finished episodes only (NaN when none
+    finished: an honest gap, not a stale value) and `episodes_finished`.
+    """
+    done = info["episode_done"]
+    count = done.sum()
+    mean = lambda x: jnp.where(count > 0, jnp.sum(jnp.where(done, x, 0.0)) / jnp.maximum(count, 1), jnp.nan)
+    return {
+        "episode_return": mean(info["episode_return"]),
+        "episode_length": mean(info["episode_length"].astype(jnp.float32)),
+        "episodes_finished": count.astype(jnp.float32),
+    }
+
+
+def find_state(state, state_type):
+    """The first wrapper state of `state_type` found by following `.env_state`."""
+    while not isinstance(state, state_type):
+        if not hasattr(state, "env_state"):
+            raise ValueError(f"no {state_type.__name__} in this env state")
+        state = state.env_state
+    return state
+
