@@ -171,7 +171,7 @@ def dense(in_features: int, out_features: int, scale: float, rngs: nnx.Rngs) -> 
 
 
 class MLP(nnx.Module):
-    """[B, D] -> [B, hidden_sizes[-1]]."""
+    """[..., D] -> [..., hidden_sizes[-1]]."""
 
     def __init__(self, in_features: int, hidden_sizes: tuple[int, ...], activation: str, rngs: nnx.Rngs):
         sizes = (in_features, *hidden_sizes)
@@ -186,7 +186,7 @@ class MLP(nnx.Module):
 
 
 class MinAtarCNN(nnx.Module):
-    """[B, H, W, C] -> [B, hidden_sizes[-1]]: one 3x3 conv with 16 channels and
+    """[..., H, W, C] -> [..., hidden_sizes[-1]]: one 3x3 conv with 16 channels and
     no padding, then an MLP (the MinAtar network, Young & Tian 2019)."""
 
     def __init__(self, obs_shape: tuple[int, ...], hidden_sizes: tuple[int, ...], activation: str, rngs: nnx.Rngs):
@@ -200,7 +200,7 @@ class MinAtarCNN(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = jax.nn.relu(self.conv(x))
-        return self.mlp(x.reshape(x.shape[0], -1))
+        return self.mlp(x.reshape(x.shape[:-3] + (-1,)))
 
 
 class ActorCritic(nnx.Module):

@@ -21,11 +21,12 @@ import jax
 import numpy as np
 
 _PATTERN = re.compile(r"^update_(\d+)\.npz$")
-_KEY_PREFIX = "prng_key:"
+_KEY_SUFFIX = re.compile(r"^(.*)@prng_key:(.+)$")  # "<leaf path>@prng_key:<impl name>"
 
 
 def _is_key(x) -> bool:
-    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    """Typed PRNG key leaves (concrete arrays or `jax.eval_shape` structs)."""
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def _leaves_with_names(tree) -> list[tuple[str, Any]]:
@@ -44,7 +45,8 @@ def save(run_dir: str | os.PathLike, update: int, state, keep: int = 2) -> Path:
     arrays = {}
     for name, leaf in _leaves_with_names(jax.device_get(state)):
         if _is_key(leaf):
-            arrays[_KEY_PREFIX + name] = np.asarray(jax.random.key_data(leaf))
+            # Keys are stored as their raw data, with the PRNG implementation in the name.
+            arrays[f"{name}@prng_key:{jax.random.key_impl(leaf)}"] = np.asarray(jax.random.key_data(leaf))
         else:
             arrays[name] = np.asarray(leaf)
     path = directory / f"update_{update:09d}.npz"
@@ -95,39 +97,29 @@ def restore(run_dir: str | os.PathLike, template, update: int | None = None):
     flat, treedef = jax.tree_util.tree_flatten_with_path(template)
     leaves = []
     with np.load(path) as stored:
-        for key_path, leaf in flat:
-            name = jax.tree_util.keystr(key_path)
-            if _is_key(leaf):
-                data = _get(stored, _KEY_PREFIX + name, path)
-                restored = jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
-                expected = jax.random.key_data(leaf)
-                _check(name, data, expected, path)
-            else:
-                restored = _get(stored, name, path)
-                _check(name, restored, leaf, path)
-            leaves.append(restored)
-        extra = set(stored.files) - {jax.tree_util.keystr(p) for p, _ in flat} - {
-            _KEY_PREFIX + jax.tree_util.keystr(p) for p, _ in flat
-        }
-    if extra:
-        raise ValueError(f"checkpoint {path} has leaves the current state lacks: {sorted(extra)[:5]}")
+        arrays = {}
+        for name in stored.files:
+            match = _KEY_SUFFIX.match(name)
+            arrays[match.group(1) if match else name] = (stored[name], match.group(2) if match else None)
+    for key_path, leaf in flat:
+        name = jax.tree_util.keystr(key_path)
+        if name not in arrays:
+            raise ValueError(
+                f"checkpoint {path} has no leaf {name!r}: it was written by a different "
+                "configuration or version of the algorithm"
+            )
+        value, key_impl = arrays.pop(name)
+        if _is_key(leaf) != (key_impl is not None):
+            raise ValueError(f"checkpoint {path}: leaf {name!r} is a PRNG key in only one of checkpoint and state")
+        if key_impl is not None:
+            value = jax.random.wrap_key_data(value, impl=key_impl)
+        if value.shape != tuple(leaf.shape) or value.dtype != leaf.dtype:
+            raise ValueError(
+                f"checkpoint {path}: leaf {name!r} is {value.dtype}{list(value.shape)}, "
+                f"the current state expects {leaf.dtype}{list(leaf.shape)} (different Args?)"
+            )
+        leaves.append(value)
+    if arrays:
+        raise ValueError(f"checkpoint {path} has leaves the current state lacks: {sorted(arrays)[:5]}")
     state = jax.tree_util.tree_unflatten(treedef, leaves)
     return state, int(_PATTERN.match(path.name).group(1))
-
-
-def _get(stored, name, path):
-    if name not in stored.files:
-        raise ValueError(
-            f"checkpoint {path} has no leaf {name!r}: it was written by a different "
-            "configuration or version of the algorithm"
-        )
-    return stored[name]
-
-
-def _check(name, value, template_leaf, path):
-    shape, dtype = np.shape(template_leaf), np.asarray(template_leaf).dtype
-    if value.shape != shape or value.dtype != dtype:
-        raise ValueError(
-            f"checkpoint {path}: leaf {name!r} is {value.dtype}{list(value.shape)}, "
-            f"the current state expects {dtype}{list(shape)} (different Args?)"
-        )

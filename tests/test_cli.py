@@ -1,0 +1,49 @@
+"""common/cli.py: presets, errors for unknown presets and keys, --help."""
+
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from algos.ppo import Args
+from common import cli
+from conftest import ROOT
+
+
+def test_preset_sets_defaults_and_flags_override():
+    args = cli.parse(Args, "ppo", ["--preset", "tiny", "--seed", "5"])
+    tiny = tomllib.loads((ROOT / "configs" / "ppo.toml").read_text())["tiny"]
+    assert args.total_timesteps == tiny["total_timesteps"] and args.seed == 5
+    assert args.hidden_sizes == tuple(tiny["hidden_sizes"])
+    args = cli.parse(Args, "ppo", ["--num-envs", "8", "--preset=tiny"])
+    assert args.num_envs == 8  # an explicit flag wins wherever it stands
+
+
+def test_no_preset_gives_defaults():
+    assert cli.parse(Args, "ppo", []) == Args()
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(SystemExit, match="unknown preset 'nope'.*tiny"):
+        cli.parse(Args, "ppo", ["--preset", "nope"])
+
+
+def test_unknown_key_in_a_preset_is_named():
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['learning_rat'\]"):
+        cli.apply_overrides(Args(), {"learning_rat": 1.0}, "test")
+
+
+def test_help_lists_fields_and_presets():
+    out = subprocess.run([sys.executable, str(ROOT / "algos" / "ppo.py"), "--help"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0
+    assert "--total-timesteps" in out.stdout and "--preset NAME" in out.stdout and "tiny" in out.stdout
+    assert "surrogate clipping epsilon" in out.stdout  # field docstrings reach --help
+
+
+def test_bad_values_fail_with_the_value_named():
+    out = subprocess.run([sys.executable, str(ROOT / "algos" / "ppo.py"), "--preset", "tiny", "--env-id", "CartPole-v9"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode != 0 and "CartPole-v9" in out.stderr and "valid ids" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,177 @@
+"""algos/ppo.py end to end: smoke, determinism, one compile, resume, bad input, learning."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from algos import ppo
+from common import checkpoint, cli, logger
+from conftest import ROOT
+
+
+def tiny(tmp_path, **overrides) -> ppo.Args:
+    args = cli.preset_args(ppo.Args, "ppo", "tiny")
+    return dataclasses.replace(args, run_root=str(tmp_path), **overrides)
+
+
+@pytest.fixture(scope="module")
+def two_seed_run(tmp_path_factory):
+    args = tiny(tmp_path_factory.mktemp("runs"), num_seeds=2)
+    return args, ppo.main(args)
+
+
+def test_smoke_two_seeds(two_seed_run):
+    args, result = two_seed_run
+    assert result.chunk_traces == 1  # one compile for the whole run
+    for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
+                 "explained_variance", "learning_rate", "steps_per_second"):
+        assert result.metrics[name].shape == (2, args.num_updates), name
+        assert np.isfinite(result.metrics[name]).all(), name
+    assert np.isfinite(result.metrics["episode_return"]).any()
+    assert result.eval_returns.shape == (2, args.eval_episodes)
+    # The learning rate anneals linearly to (almost) zero.
+    lr = result.metrics["learning_rate"][0]
+    assert lr[0] == pytest.approx(args.learning_rate) and lr[-1] < lr[0] / args.num_updates * 1.5
+    columns = logger.read_metrics(result.run_dir)
+    assert len(columns["update"]) == 2 * args.num_updates
+    assert set(columns["seed_index"]) == {0.0, 1.0}
+    assert columns["global_step"].max() == args.num_updates * args.batch_size
+    saved = json.loads(open(f"{result.run_dir}/args.json").read())
+    assert saved["num_seeds"] == 2 and saved["env_id"] == args.env_id
+
+
+def test_checkpoint_reloads_into_the_state(two_seed_run):
+    args, result = two_seed_run
+    assert checkpoint.latest_update(result.run_dir) == args.num_updates
+    template = jax.eval_shape(jax.vmap(ppo.make_train(args).init), jax.random.split(jax.random.key(0), 2))
+    restored, update = checkpoint.restore(result.run_dir, template)
+    for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(result.state.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_same_seed_gives_identical_metrics(two_seed_run, tmp_path):
+    args, first = two_seed_run
+    second = ppo.main(dataclasses.replace(args, run_root=str(tmp_path)))
+    for name, values in first.metrics.items():
+        if name != "steps_per_second":
+            np.testing.assert_array_equal(values, second.metrics[name], err_msg=name)
+    # Seed index 1 of a two-seed run is the run of seed 1 alone.
+    alone = ppo.main(dataclasses.replace(args, run_root=str(tmp_path), seed=1, num_seeds=1))
+    np.testing.assert_allclose(alone.metrics["policy_loss"][0], first.metrics["policy_loss"][1], rtol=1e-5, atol=1e-7)
+
+
+class Killed(Exception):
+    pass
+
+
+def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch):
+    args = tiny(tmp_path)  # 16 updates, chunks of 4, a checkpoint every 8
+    full = ppo.main(args)
+
+    original_log = logger.Run.log
+
+    def log_then_die(self, update, global_step, metrics):
+        original_log(self, update, global_step, metrics)
+        if update[-1] == 12:  # after the checkpoint at 8, before the one at 16
+            raise Killed()
+
+    monkeypatch.setattr(logger.Run, "log", log_then_die)
+    with pytest.raises(Killed):
+        ppo.main(dataclasses.replace(args, run_root=str(tmp_path / "killed")))
+    monkeypatch.setattr(logger.Run, "log", original_log)
+    (run_dir,) = (tmp_path / "killed").iterdir()
+    assert checkpoint.latest_update(run_dir) == 8
+
+    resumed = ppo.main(ppo.Args(resume=str(run_dir)))
+    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(a, b)
+    columns = logger.read_metrics(run_dir)
+    assert sorted(columns["update"]) == list(range(1, 17))  # rows after the checkpoint were not duplicated
+    np.testing.assert_array_equal(full.eval_returns, resumed.eval_returns)
+
+
+def test_resume_of_a_missing_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does-not-exist"):
+        ppo.main(ppo.Args(resume=str(tmp_path / "does-not-exist")))
+
+
+def test_batch_that_does_not_divide_into_minibatches():
+    with pytest.raises(ValueError, match=r"4 \* 30 = 120 does not divide into num_minibatches=7"):
+        ppo.Args(num_envs=4, num_steps=30, num_minibatches=7)
+
+
+def test_unknown_env_id(tmp_path):
+    with pytest.raises(ValueError, match="unknown env_id 'Pong-v0'"):
+        ppo.main(tiny(tmp_path, env_id="Pong-v0"))
+
+
+def test_cnn_torso_needs_images(tmp_path):
+    with pytest.raises(ValueError, match="torso='cnn' needs image observations"):
+        ppo.make_train(tiny(tmp_path, torso="cnn"))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(env_id="Pendulum-v1", normalize_obs=True, normalize_reward=True),  # continuous, Gaussian
+        dict(env_id="Breakout-MinAtar", hidden_sizes=(32,)),  # CNN torso
+        dict(target_kl=1e-4, learning_rate=0.01, kl_coef=0.2, shared_torso=True, activation="relu", clip_vloss=False),
+    ],
+    ids=["pendulum", "minatar-cnn", "kl-options"],
+)
+def test_variants_run(tmp_path, overrides):
+    args = tiny(tmp_path, total_timesteps=512, log_every=2, **overrides)
+    result = ppo.main(args)
+    assert np.isfinite(result.metrics["policy_loss"]).all()
+    assert np.isfinite(result.eval_returns).all()
+    if overrides.get("target_kl"):
+        epochs, kl = result.metrics["epochs_completed"][0], result.metrics["approx_kl"][0]
+        stopped = epochs < args.update_epochs
+        assert stopped.any()
+        # An update stops only after an epoch whose mean KL passed the target.
+        assert (kl[stopped] > args.target_kl).all()
+        # The adaptive coefficient follows RLlib's rule from one update to the next.
+        coef = result.metrics["kl_coef"][0]
+        expected = np.where(kl > 2 * args.kl_target, coef * 1.5, np.where(kl < 0.5 * args.kl_target, coef * 0.5, coef))
+        np.testing.assert_allclose(coef[1:], expected[:-1], rtol=1e-6)
+
+
+def test_cli_tiny_run(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "algos" / "ppo.py"), "--preset", "tiny", "--run-root", str(tmp_path),
+         "--no-compile-cache"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "greedy evaluation" in out.stdout and "steps/s" in out.stdout
+    (run_dir,) = tmp_path.iterdir()
+    assert (run_dir / "metrics.csv").exists() and (run_dir / "eval.json").exists()
+
+
+def test_train_is_vmappable_over_seeds_and_hyperparameters(tmp_path):
+    args = tiny(tmp_path, total_timesteps=256)
+    algo = ppo.make_train(args)
+    base = ppo.Hyperparams.from_args(args)
+    sweep = jax.tree.map(lambda x: np.stack([x, x]), base).replace(ent_coef=np.array([0.0, 0.5], np.float32))
+    keys = jax.random.split(jax.random.key(0), 3)
+    train = jax.jit(jax.vmap(jax.vmap(algo.train, in_axes=(0, None)), in_axes=(None, 0)))
+    _, metrics = train(keys, sweep)
+    assert metrics["entropy"].shape == (2, 3, args.num_updates)
+    # A large entropy bonus keeps the policy more random than none.
+    assert metrics["entropy"][1, :, -1].mean() > metrics["entropy"][0, :, -1].mean()
+
+
+def test_cartpole_learns(tmp_path):
+    """The `cartpole` preset (PureJaxRL's settings) solves CartPole-v1: the
+    greedy policy of each of 2 seeds averages >= 475 after 500k steps."""
+    args = dataclasses.replace(cli.preset_args(ppo.Args, "ppo", "cartpole"), run_root=str(tmp_path), num_seeds=2,
+                               log_every=50, save_model=False)
+    result = ppo.main(args)
+    assert result.eval_returns.mean(axis=1).min() >= 475, result.eval_returns.mean(axis=1)
