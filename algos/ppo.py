@@ -104,7 +104,7 @@ class Args:
     vf_coef: float = 0.5
     """value loss coefficient"""
     max_grad_norm: float = 0.5
-    """global gradient-norm clip"""
+    """global gradient-norm clip (0 turns clipping off, as RLlib's default grad_clip=None)"""
     target_kl: float | None = None
     """stop the epochs of an update once an epoch's mean approx-KL exceeds this (None: never)"""
     kl_coef: float = 0.0
@@ -125,6 +125,8 @@ class Args:
     """scale rewards by the running std of the discounted return (continuous control)"""
 
     def __post_init__(self):
+        if self.max_grad_norm < 0:
+            raise ValueError(f"max_grad_norm must be >= 0 (0 turns clipping off), got {self.max_grad_norm}")
         positive = ("num_seeds", "num_envs", "num_steps", "num_minibatches", "update_epochs",
                     "log_every", "checkpoint_every", "eval_episodes")
         for name in positive:
@@ -186,20 +188,26 @@ class MLP(nnx.Module):
 
 
 class MinAtarCNN(nnx.Module):
-    """[..., H, W, C] -> [..., hidden_sizes[-1]]: one 3x3 conv with 16 channels and
-    no padding, then an MLP (the MinAtar network, Young & Tian 2019)."""
+    """[..., H, W, C] -> [..., hidden_sizes[-1]]: one 3x3 convolution with 16
+    channels and no padding, then an MLP (the MinAtar network, Young & Tian 2019).
+
+    The convolution is written as patches @ kernel: the 9 shifted [H-2, W-2, C]
+    views are concatenated to [H-2, W-2, 9C] and multiplied by a [9C, 16] kernel.
+    Same function as `lax.conv`, but XLA:CPU runs the kernel gradient of a real
+    convolution about 15x slower inside a `lax.scan` (measured in docs/ppo.md),
+    and the whole update is a scan.
+    """
 
     def __init__(self, obs_shape: tuple[int, ...], hidden_sizes: tuple[int, ...], activation: str, rngs: nnx.Rngs):
         height, width, channels = obs_shape
-        self.conv = nnx.Conv(
-            channels, 16, kernel_size=(3, 3), padding="VALID",
-            kernel_init=nnx.initializers.orthogonal(np.sqrt(2)), rngs=rngs,
-        )
+        self.conv = dense(9 * channels, 16, np.sqrt(2), rngs)
         self.mlp = MLP((height - 2) * (width - 2) * 16, hidden_sizes, activation, rngs)
         self.out_features = self.mlp.out_features
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = jax.nn.relu(self.conv(x))
+        height, width = x.shape[-3] - 2, x.shape[-2] - 2
+        patches = jnp.concatenate([x[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], axis=-1)
+        x = jax.nn.relu(self.conv(patches))  # [..., H-2, W-2, 16]
         return self.mlp(x.reshape(x.shape[:-3] + (-1,)))
 
 
@@ -449,7 +457,8 @@ def make_train(args: Args) -> PPO:
         return nnx.merge(graphdef, params).value(obs)
 
     def make_optimizer(learning_rate):
-        return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(learning_rate, eps=args.adam_eps))
+        adam = optax.adam(learning_rate, eps=args.adam_eps)
+        return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
 
     optimizer = optax.inject_hyperparams(make_optimizer)(learning_rate=args.learning_rate)
 

@@ -52,18 +52,26 @@ def apply_overrides(args: ArgsT, overrides: dict[str, Any], source: str) -> Args
     return dataclasses.replace(args, **normalised)
 
 
-def preset_args(args_cls: type[ArgsT], algo: str, preset: str | None) -> ArgsT:
-    """Default `Args` with the preset table (if any) applied."""
-    args = args_cls()
-    if preset is None:
-        return args
-    tables = presets(algo)
+def resolve_preset(algo: str, preset: str, tables: dict | None = None) -> dict[str, Any]:
+    """The key/value table of a preset, with `extends = "other"` (a preset it
+    builds on) resolved: the other preset's table, then this one's keys on top."""
+    tables = presets(algo) if tables is None else tables
     if preset not in tables:
         raise ValueError(
             f"unknown preset {preset!r} for {algo}; "
             f"available presets in configs/{algo}.toml: {sorted(tables)}"
         )
-    return apply_overrides(args, tables[preset], f"preset {preset!r} in configs/{algo}.toml")
+    table = dict(tables[preset])
+    base = table.pop("extends", None)
+    return {**resolve_preset(algo, base, tables), **table} if base else table
+
+
+def preset_args(args_cls: type[ArgsT], algo: str, preset: str | None) -> ArgsT:
+    """Default `Args` with the preset table (if any) applied."""
+    args = args_cls()
+    if preset is None:
+        return args
+    return apply_overrides(args, resolve_preset(algo, preset), f"preset {preset!r} in configs/{algo}.toml")
 
 
 def _pop_preset(argv: list[str]) -> tuple[str | None, list[str]]:

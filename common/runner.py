@@ -7,13 +7,16 @@ An algorithm supplies three pure functions for one seed:
     evaluate(state, key) -> returns [E]    # greedy episodes at the end
 
 and `run` does the rest: vmaps them over `num_seeds` seeds (seed index i uses
-`jax.random.key(args.seed + i)`), jits `log_every` updates as one `lax.scan`
+`jax.random.key(args.seed + i)`, so `--seed 3 --num-seeds 1` reproduces seed
+index 3 of a multi-seed run), jits `log_every` updates as one `lax.scan`
 ("a chunk") with the state donated so XLA updates it in place, and between
 chunks writes metrics, the progress line and checkpoints. Nothing leaves the
 device inside a chunk. The chunk is traced and compiled once: the last, partial
 chunk runs the same compiled scan with the surplus updates skipped by a
-`lax.cond` on the update counter. The evaluation is compiled on a background
-thread while training runs, so its compile time is hidden.
+`lax.cond` on the update counter. `init` and `evaluate` run once, so they are
+compiled without LLVM optimisation (half the compile time, which matters more
+than their run time); the evaluation is compiled on a background thread while
+training runs, so its compile time is hidden too.
 
 The `args` dataclass must have the shared fields: exp_name, seed, num_seeds,
 env_id, log_every, track, tensorboard, save_model, checkpoint_every, resume,
@@ -46,12 +49,6 @@ class RunResult:
     train_seconds: float  # wall time of the training loop, compile included
 
 
-def seed_keys(args) -> jax.Array:
-    """One typed key per seed index: `key(seed + i)`, so `--seed 3 --num-seeds 1`
-    reproduces seed index 3 of a multi-seed run."""
-    return jax.vmap(jax.random.key)(args.seed + jnp.arange(args.num_seeds))
-
-
 def make_chunk(update: Callable, num_updates: int, log_every: int) -> tuple[Callable, Callable[[], int]]:
     """`chunk(state, first_update) -> (state, metrics)`: `log_every` updates of
     one seed in a `lax.scan`; updates numbered past `num_updates` are skipped.
@@ -67,13 +64,15 @@ def make_chunk(update: Callable, num_updates: int, log_every: int) -> tuple[Call
             return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), metrics_shape)
 
         def step(state, index):
-            active = index <= num_updates  # `index` counts from 1
-            state, metrics = jax.lax.cond(active, update, skip, state)
-            return state, {**metrics, "active": active, "update": index}
+            return jax.lax.cond(index <= num_updates, update, skip, state)  # `index` counts from 1
 
         return jax.lax.scan(step, state, first_update + 1 + jnp.arange(log_every))
 
     return chunk, lambda: traces
+
+
+# For programs that run once: compile time matters more than run time.
+RUN_ONCE = {"xla_backend_optimization_level": 0}
 
 
 def run(
@@ -93,14 +92,14 @@ def run(
     """
     chunk, trace_count = make_chunk(update, num_updates, args.log_every)
     run_chunk = jax.jit(jax.vmap(chunk, in_axes=(0, None)), donate_argnums=0)
-    keys = seed_keys(args)
-    vmapped_init = jax.vmap(init)
+    seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
+    vmapped_init = jax.vmap(lambda seed: init(jax.random.key(seed)))
     updates_done = 0
     if args.resume is not None:
-        state, updates_done = checkpoint.restore(args.resume, jax.eval_shape(vmapped_init, keys))
+        state, updates_done = checkpoint.restore(args.resume, jax.eval_shape(vmapped_init, seeds))
         state = jax.device_put(state)
     else:
-        state = jax.jit(vmapped_init)(keys)
+        state = jax.jit(vmapped_init, compiler_options=RUN_ONCE)(seeds)
     run_log = logger.Run(
         args, args.resume, total_steps=num_updates * steps_per_update, tensorboard=args.tensorboard,
         track=args.track, resume_from_update=updates_done if args.resume else None,
@@ -110,46 +109,63 @@ def run(
         f"-> {run_log.dir}" + (f" (resumed at update {updates_done})" if args.resume else "")
     )
 
-    eval_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-    eval_fn = jax.jit(jax.vmap(evaluate))
-    abstract = (jax.eval_shape(vmapped_init, keys), eval_keys)
+    # Evaluation keys: fold_in(key(seed), 1), independent of the training stream.
+    eval_fn = jax.jit(
+        jax.vmap(lambda state, seed: evaluate(state, jax.random.fold_in(jax.random.key(seed), 1))),
+        compiler_options=RUN_ONCE,
+    )
+    abstract = (jax.eval_shape(vmapped_init, seeds), seeds)
     compiled_eval: list = []
     eval_compiler = threading.Thread(
         target=lambda: compiled_eval.append(eval_fn.lower(*abstract).compile()), daemon=True
     )
 
     history: dict[str, list[np.ndarray]] = {}
-    last_checkpoint = updates_done
-    start = time.perf_counter()
-    while updates_done < num_updates:
-        chunk_start = time.perf_counter()
-        state, metrics = run_chunk(state, jnp.int32(updates_done))
-        metrics = jax.device_get(metrics)
-        elapsed = time.perf_counter() - chunk_start
-        active = metrics.pop("active")[0]
-        update_index = metrics.pop("update")[0][active]
-        metrics = {k: v[:, active] for k, v in metrics.items()}
-        metrics["steps_per_second"] = np.full(
-            (args.num_seeds, len(update_index)), len(update_index) * steps_per_update * args.num_seeds / elapsed
-        )
+    clock = {"last": time.perf_counter()}
+
+    def record(metrics, first_update: int, count: int) -> None:
+        """Copy one finished chunk's metrics to the host and log them."""
+        metrics = {k: v[:, :count] for k, v in jax.device_get(metrics).items()}  # drop skipped updates
+        now = time.perf_counter()
+        elapsed, clock["last"] = now - clock["last"], now
+        update_index = np.arange(first_update + 1, first_update + count + 1)
+        metrics["steps_per_second"] = np.full((args.num_seeds, count), count * steps_per_update * args.num_seeds / elapsed)
         run_log.log(update_index, update_index * steps_per_update, metrics)
         for k, v in metrics.items():
             history.setdefault(k, []).append(v)
-        if not eval_compiler.is_alive() and not compiled_eval:
-            run_log.print(f"first chunk (compile + {len(update_index)} updates): {elapsed:.1f}s")
+        if not history["steps_per_second"][1:]:
+            run_log.print(f"first chunk (compile + {count} updates): {elapsed:.1f}s")
             eval_compiler.start()  # compiles while the next chunks run
-        updates_done = int(update_index[-1])
-        due = updates_done - last_checkpoint >= args.checkpoint_every or updates_done == num_updates
-        if args.save_model and due:
-            checkpoint.save(run_log.dir, updates_done, state)
-            last_checkpoint = updates_done
+
+    # The loop is pipelined: a chunk is dispatched (asynchronously) before the
+    # previous chunk's metrics are copied and written, so host work overlaps
+    # device work. A checkpoint waits for its chunk and writes its metrics first,
+    # so metrics.csv never lacks rows that a resumed run would not redo.
+    start = time.perf_counter()
+    last_checkpoint = dispatched = updates_done
+    in_flight = None  # (metrics, first update, updates) of the chunk on the device
+    while dispatched < num_updates or in_flight is not None:
+        previous, in_flight = in_flight, None
+        if dispatched < num_updates:
+            state, metrics = run_chunk(state, jnp.int32(dispatched))
+            count = min(args.log_every, num_updates - dispatched)
+            in_flight, dispatched = (metrics, dispatched, count), dispatched + count
+        if previous is not None:
+            record(*previous)
+        due = dispatched - last_checkpoint >= args.checkpoint_every or dispatched == num_updates
+        if in_flight is not None and args.save_model and due:
+            record(*in_flight)
+            in_flight = None
+            checkpoint.save(run_log.dir, dispatched, state)
+            last_checkpoint = dispatched
+    updates_done = dispatched
     train_seconds = time.perf_counter() - start
     run_log.progress(updates_done * steps_per_update, final=True)
 
-    if not compiled_eval and not eval_compiler.is_alive():
-        eval_compiler.start()  # resumed at the end: nothing ran
+    if not eval_compiler.is_alive() and not compiled_eval:
+        eval_compiler.start()  # resumed at the end: no chunk ran
     eval_compiler.join()
-    eval_returns = np.asarray(compiled_eval[0](state, eval_keys))
+    eval_returns = np.asarray(compiled_eval[0](state, seeds))
     run_log.print(
         f"greedy evaluation, {args.eval_episodes} episodes x {args.num_seeds} seed(s): "
         f"{eval_returns.mean():.2f} +- {eval_returns.std():.2f} (per seed: "

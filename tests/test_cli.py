@@ -1,5 +1,6 @@
 """common/cli.py: presets, errors for unknown presets and keys, --help."""
 
+import dataclasses
 import subprocess
 import sys
 import tomllib
@@ -47,3 +48,10 @@ def test_bad_values_fail_with_the_value_named():
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode != 0 and "CartPole-v9" in out.stderr and "valid ids" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_extends_resolves_the_base_preset():
+    args = cli.preset_args(Args, "ppo", "space-invaders-minatar")
+    base = cli.preset_args(Args, "ppo", "breakout-minatar")
+    assert args.env_id == "SpaceInvaders-MinAtar"
+    assert dataclasses.replace(args, env_id=base.env_id) == base

@@ -57,7 +57,8 @@ def test_configs_have_a_tiny_preset_of_known_keys(path):
     assert "tiny" in tables
     fields, _ = args_fields(ast.parse(path.read_text()))
     for name, table in tables.items():
-        unknown = set(table) - set(fields)
+        unknown = set(table) - set(fields) - {"extends"}
+        assert table.get("extends", name) in tables, f"[{name}] extends an unknown preset"
         assert not unknown, f"configs/{path.stem}.toml [{name}] has keys that are not Args fields: {unknown}"
 
 
