@@ -33,13 +33,13 @@ def seed_curves(run_dir: str | Path, metric: str = "episode_return") -> tuple[np
         mask = columns["seed"] == seed
         order = np.argsort(columns["global_step"][mask])
         x = columns["global_step"][mask][order]
-        y = _forward_fill(columns[metric][mask][order])
+        y = forward_fill(columns[metric][mask][order])
         steps = x if steps is None else steps
         curves.append(np.interp(steps, x, y) if len(x) != len(steps) else y)
     return steps, curves
 
 
-def _forward_fill(y: np.ndarray) -> np.ndarray:
+def forward_fill(y: np.ndarray) -> np.ndarray:
     y = y.copy()
     finite = np.isfinite(y)
     if not finite.any():

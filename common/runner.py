@@ -15,8 +15,9 @@ device inside a chunk. The chunk is traced and compiled once: the last, partial
 chunk runs the same compiled scan with the surplus updates skipped by a
 `lax.cond` on the update counter. `init` and `evaluate` run once, so they are
 compiled without LLVM optimisation (half the compile time, which matters more
-than their run time); the evaluation is compiled on a background thread while
-training runs, so its compile time is hidden too.
+than their run time) and on a background thread: `init` while Python traces the
+chunk, the evaluation while training runs, so most of their compile time is
+hidden.
 
 The `args` dataclass must have the shared fields: exp_name, seed, num_seeds,
 env_id, log_every, track, tensorboard, save_model, checkpoint_every, resume,
@@ -25,8 +26,8 @@ run_root, eval_episodes.
 
 from __future__ import annotations
 
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -46,7 +47,8 @@ class RunResult:
     metrics: dict[str, np.ndarray]  # [num_seeds, updates run in this process]
     eval_returns: np.ndarray  # [num_seeds, eval_episodes]
     chunk_traces: int  # times the chunk function was traced: 1 means compiled once
-    train_seconds: float  # wall time of the training loop, compile included
+    compile_seconds: float  # tracing and compiling `init` and the chunk
+    train_seconds: float  # wall time of the training loop (compiled code, logging, checkpoints)
 
 
 def make_chunk(update: Callable, num_updates: int, log_every: int) -> tuple[Callable, Callable[[], int]]:
@@ -90,16 +92,25 @@ def run(
     the `global_step` column. With `args.resume` set, the state and the update
     counter come from the newest checkpoint of that run directory.
     """
+    compile_start = time.perf_counter()
     chunk, trace_count = make_chunk(update, num_updates, args.log_every)
-    run_chunk = jax.jit(jax.vmap(chunk, in_axes=(0, None)), donate_argnums=0)
     seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
     vmapped_init = jax.vmap(lambda seed: init(jax.random.key(seed)))
+    abstract_state = jax.eval_shape(vmapped_init, seeds)
+    background = ThreadPoolExecutor(max_workers=1)
     updates_done = 0
     if args.resume is not None:
-        state, updates_done = checkpoint.restore(args.resume, jax.eval_shape(vmapped_init, seeds))
+        state, updates_done = checkpoint.restore(args.resume, abstract_state)
         state = jax.device_put(state)
     else:
-        state = jax.jit(vmapped_init, compiler_options=RUN_ONCE)(seeds)
+        # XLA compiles `init` on a thread while Python traces the chunk here.
+        init_lowered = jax.jit(vmapped_init, compiler_options=RUN_ONCE).lower(seeds)
+        init_compiled = background.submit(init_lowered.compile)
+    run_chunk = jax.jit(jax.vmap(chunk, in_axes=(0, None)), donate_argnums=0).lower(abstract_state, jnp.int32(0))
+    if args.resume is None:
+        state = init_compiled.result()(seeds)
+    run_chunk = run_chunk.compile()
+    compile_seconds = time.perf_counter() - compile_start
     run_log = logger.Run(
         args, args.resume, total_steps=num_updates * steps_per_update, tensorboard=args.tensorboard,
         track=args.track, resume_from_update=updates_done if args.resume else None,
@@ -107,18 +118,15 @@ def run(
     run_log.print(
         f"{args.env_id}: {args.num_seeds} seed(s) x {num_updates} updates x {steps_per_update} steps "
         f"-> {run_log.dir}" + (f" (resumed at update {updates_done})" if args.resume else "")
+        + f"; compiled in {compile_seconds:.1f}s"
     )
 
     # Evaluation keys: fold_in(key(seed), 1), independent of the training stream.
-    eval_fn = jax.jit(
+    eval_lowered = jax.jit(
         jax.vmap(lambda state, seed: evaluate(state, jax.random.fold_in(jax.random.key(seed), 1))),
         compiler_options=RUN_ONCE,
-    )
-    abstract = (jax.eval_shape(vmapped_init, seeds), seeds)
-    compiled_eval: list = []
-    eval_compiler = threading.Thread(
-        target=lambda: compiled_eval.append(eval_fn.lower(*abstract).compile()), daemon=True
-    )
+    ).lower(abstract_state, seeds)
+    compiled_eval = None  # a future, started once the first chunk has run
 
     history: dict[str, list[np.ndarray]] = {}
     clock = {"last": time.perf_counter()}
@@ -133,9 +141,9 @@ def run(
         run_log.log(update_index, update_index * steps_per_update, metrics)
         for k, v in metrics.items():
             history.setdefault(k, []).append(v)
-        if not history["steps_per_second"][1:]:
-            run_log.print(f"first chunk (compile + {count} updates): {elapsed:.1f}s")
-            eval_compiler.start()  # compiles while the next chunks run
+        nonlocal compiled_eval
+        if compiled_eval is None:
+            compiled_eval = background.submit(eval_lowered.compile)  # compiles while the next chunks run
 
     # The loop is pipelined: a chunk is dispatched (asynchronously) before the
     # previous chunk's metrics are copied and written, so host work overlaps
@@ -162,10 +170,10 @@ def run(
     train_seconds = time.perf_counter() - start
     run_log.progress(updates_done * steps_per_update, final=True)
 
-    if not eval_compiler.is_alive() and not compiled_eval:
-        eval_compiler.start()  # resumed at the end: no chunk ran
-    eval_compiler.join()
-    eval_returns = np.asarray(compiled_eval[0](state, seeds))
+    if compiled_eval is None:  # resumed at the end: no chunk ran
+        compiled_eval = background.submit(eval_lowered.compile)
+    eval_returns = np.asarray(compiled_eval.result()(state, seeds))
+    background.shutdown()
     run_log.print(
         f"greedy evaluation, {args.eval_episodes} episodes x {args.num_seeds} seed(s): "
         f"{eval_returns.mean():.2f} +- {eval_returns.std():.2f} (per seed: "
@@ -174,9 +182,9 @@ def run(
     )
     run_log.write_json(
         "eval.json",
-        {"returns": eval_returns, "mean": float(eval_returns.mean()), "train_seconds": train_seconds,
-         "chunk_traces": trace_count()},
+        {"returns": eval_returns, "mean": float(eval_returns.mean()), "compile_seconds": compile_seconds,
+         "train_seconds": train_seconds, "chunk_traces": trace_count()},
     )
     run_log.close()
     stacked = {k: np.concatenate(v, axis=1) for k, v in history.items()}
-    return RunResult(str(run_log.dir), state, stacked, eval_returns, trace_count(), train_seconds)
+    return RunResult(str(run_log.dir), state, stacked, eval_returns, trace_count(), compile_seconds, train_seconds)

@@ -175,3 +175,19 @@ def test_cartpole_learns(tmp_path):
                                log_every=50, save_model=False)
     result = ppo.main(args)
     assert result.eval_returns.mean(axis=1).min() >= 475, result.eval_returns.mean(axis=1)
+
+
+def test_vmapped_cnn_init_does_not_deadlock(tmp_path):
+    """XLA:CPU's concurrency-optimised scheduler hung on this program (two MinAtar
+    CNN torsos initialised for 2 seeds); common/__init__.py turns it off."""
+    code = (
+        "import jax, numpy as np\n"
+        "from algos import ppo\n"
+        "args = ppo.Args(env_id='Breakout-MinAtar', hidden_sizes=(128,), num_envs=4, num_steps=8)\n"
+        "algo = ppo.make_train(args)\n"
+        "state = jax.jit(jax.vmap(lambda s: algo.init(jax.random.key(s))))(np.arange(2))\n"
+        "jax.block_until_ready(state)\n"
+        "print('initialised')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and "initialised" in out.stdout, out.stderr

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Every PPO number and curve in docs/ppo.md comes from this script.
+#   bash benchmarks/ppo.sh [cartpole|pendulum|rllib|minatar|timing|all]
+# Runs go to benchmarks/out/ppo/<preset>/, curves to docs/img/, and
+# benchmarks/summarize.py prints the results table from the run directories.
+# Timing needs a PureJaxRL checkout: PUREJAXRL=/path/to/purejaxrl/purejaxrl
+# (with its wrappers adapted to gymnax >= 1.0's six-value step; see docs/ppo.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=benchmarks/out/ppo
+PY=${PYTHON:-python}
+what=${1:-all}
+
+curve() {  # preset, num_seeds, extra flags...
+  local preset=$1 seeds=$2; shift 2
+  rm -rf "$OUT/$preset"
+  $PY algos/ppo.py --preset "$preset" --num-seeds "$seeds" --run-root "$OUT/$preset" --exp-name "ppo-$preset" "$@"
+  $PY -m common.plot "$OUT/$preset"/* --out "docs/img/ppo_$preset.png" --title "PPO, $preset preset, $seeds seeds"
+}
+
+if [[ $what == cartpole || $what == all ]]; then curve cartpole 8; fi
+if [[ $what == pendulum || $what == all ]]; then curve pendulum 4; fi
+if [[ $what == rllib || $what == all ]]; then curve rllib 4; fi
+if [[ $what == minatar || $what == all ]]; then
+  curve breakout-minatar 4
+  curve space-invaders-minatar 4
+fi
+if [[ $what == timing || $what == all ]]; then
+  : "${PUREJAXRL:?set PUREJAXRL to the directory holding PureJaxRL's ppo.py}"
+  # PureJaxRL's ppo.py as shipped prints every episode (DEBUG=True); ppo_nodebug.py
+  # is the same file with DEBUG=False, ppo_vmap8.py vmaps train over 8 keys.
+  $PY algos/ppo.py --preset cartpole --run-root /tmp/jaxzoo-timing >/dev/null  # fills the compile cache
+  $PY algos/ppo.py --preset cartpole --num-seeds 8 --run-root /tmp/jaxzoo-timing >/dev/null
+  $PY benchmarks/time_commands.py --repeats 9 --cwd "$PUREJAXRL" --out "$OUT/timing_1seed.json" \
+    --cmd jaxzoo-cold "$PY $PWD/algos/ppo.py --preset cartpole --no-compile-cache --run-root /tmp/jaxzoo-timing" \
+    --cmd jaxzoo-warm "$PY $PWD/algos/ppo.py --preset cartpole --run-root /tmp/jaxzoo-timing" \
+    --cmd purejaxrl-debug-off "$PY ppo_nodebug.py" \
+    --cmd purejaxrl-as-shipped "$PY ppo.py"
+  $PY benchmarks/time_commands.py --repeats 5 --cwd "$PUREJAXRL" --out "$OUT/timing_8seeds.json" \
+    --cmd jaxzoo-cold "$PY $PWD/algos/ppo.py --preset cartpole --num-seeds 8 --no-compile-cache --run-root /tmp/jaxzoo-timing" \
+    --cmd jaxzoo-warm "$PY $PWD/algos/ppo.py --preset cartpole --num-seeds 8 --run-root /tmp/jaxzoo-timing" \
+    --cmd purejaxrl-debug-off "$PY ppo_vmap8.py"
+fi
