@@ -1,0 +1,594 @@
+"""Rainbow and the DQN family, the whole run in one `jax.jit`.
+
+Papers: Mnih et al. 2015 (DQN, Nature 518); van Hasselt et al. 2016 (double
+Q-learning, arXiv:1509.06461); Wang et al. 2016 (dueling networks,
+arXiv:1511.06581); Schaul et al. 2016 (prioritized replay, arXiv:1511.05952);
+Fortunato et al. 2018 (noisy nets, arXiv:1706.10295); Bellemare et al. 2017
+(distributional C51, arXiv:1707.06887); Hessel et al. 2018 (Rainbow,
+arXiv:1710.02298).
+
+The idea: learn Q(s, a) from replayed transitions by regressing on a bootstrapped
+target computed with a slowly updated target network, and act greedily with
+respect to it (plus exploration). Each Rainbow component is a flag: double Q
+(the online network picks the next action, the target network scores it),
+dueling heads (Q = V + A - mean A), prioritized replay (sample by TD error,
+correct with importance weights), noisy layers (learned exploration instead of
+epsilon), a categorical return distribution on `num_atoms` atoms (`num_atoms 1`
+is expected-value DQN) and n-step returns. Acting, replay, learning and target
+updates all run inside one compiled `lax.scan`, vmapped over seeds. Truncated
+episodes bootstrap from the final observation; n-step returns stop at episode
+ends.
+
+    python algos/rainbow.py                         # DQN on CartPole-v1 (= --preset dqn)
+    python algos/rainbow.py --preset rainbow        # every component on
+    python algos/rainbow.py --preset breakout-minatar --num-seeds 4
+
+Details, logged metrics and measured results: docs/rainbow.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+
+from common import buffers, cli, envs, runner
+
+
+# --------------------------------------------------------------------------- #
+# Arguments
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class Args:
+    """Rainbow / DQN family (Hessel et al. 2018) on a gymnax environment, jitted end to end."""
+
+    exp_name: str = "rainbow"
+    """name of the experiment: part of the run directory and the plot label"""
+    seed: int = 0
+    """seed of the first run; seed index i uses seed + i"""
+    num_seeds: int = 1
+    """independent seeds trained at once with `jax.vmap`"""
+    env_id: str = "CartPole-v1"
+    """gymnax environment id (discrete actions only)"""
+    total_timesteps: int = 500_000
+    """environment steps per seed"""
+    log_every: int = 10
+    """updates per jitted chunk: metrics, progress and checkpoints happen between chunks"""
+    track: bool = False
+    """log to Weights & Biases (needs the `logging` extra)"""
+    tensorboard: bool = False
+    """write TensorBoard event files into the run directory (needs the `logging` extra)"""
+    save_model: bool = True
+    """write checkpoints of the whole runner state, replay included (needed for --resume)"""
+    checkpoint_every: int = 100
+    """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end"""
+    resume: str | None = None
+    """run directory to resume; its args.json replaces every other flag"""
+    run_root: str = "runs"
+    """directory under which run directories are created"""
+    eval_episodes: int = 10
+    """greedy evaluation episodes per seed at the end of training"""
+    compile_cache: bool = True
+    """JAX persistent compilation cache: a second run of the same command skips compiling"""
+
+    # algorithm-specific
+    num_envs: int = 10
+    """parallel environments per seed"""
+    steps_per_update: int = 1000
+    """env steps per seed in one `update` (one row of metrics.csv)"""
+    train_frequency: int = 10
+    """env steps per seed between gradient phases (a multiple of num_envs)"""
+    gradient_steps: int = 1
+    """gradient steps per gradient phase: replay ratio = gradient_steps * batch_size / train_frequency"""
+    buffer_size: int = 10_000
+    """replay capacity in transitions per seed"""
+    batch_size: int = 128
+    """transitions per gradient step"""
+    learning_starts: int = 10_000
+    """env steps per seed before the first gradient step"""
+    learning_rate: float = 2.5e-4
+    """Adam learning rate"""
+    adam_eps: float = 1e-8
+    """Adam epsilon"""
+    max_grad_norm: float = 0.0
+    """global gradient-norm clip (0: none)"""
+    gamma: float = 0.99
+    """discount factor"""
+    target_update_period: int = 500
+    """env steps per seed between target-network updates"""
+    tau: float = 1.0
+    """target update: target <- tau * online + (1 - tau) * target (1: hard copy)"""
+    start_e: float = 1.0
+    """initial epsilon of epsilon-greedy exploration (ignored with noisy nets)"""
+    end_e: float = 0.05
+    """final epsilon"""
+    exploration_fraction: float = 0.5
+    """fraction of total_timesteps over which epsilon decays linearly"""
+    loss: Literal["mse", "huber"] = "mse"
+    """TD loss for expected-value DQN (num_atoms 1): squared error or Huber (delta 1)"""
+    double_q: bool = False
+    """double Q-learning: the online network selects the next action, the target network scores it"""
+    dueling: bool = False
+    """dueling heads: Q = V + A - mean_a A"""
+    noisy: bool = False
+    """factorised Gaussian noisy layers instead of epsilon-greedy"""
+    sigma0: float = 0.5
+    """initial noise scale of noisy layers (sigma = sigma0 / sqrt(fan_in))"""
+    num_atoms: int = 1
+    """atoms of the categorical return distribution (1: expected-value DQN)"""
+    v_min: float = -100.0
+    """lowest atom of the support"""
+    v_max: float = 100.0
+    """highest atom of the support"""
+    n_step: int = 1
+    """n-step returns (cut at episode ends)"""
+    prioritized: bool = False
+    """proportional prioritized replay"""
+    per_alpha: float = 0.6
+    """priority exponent alpha"""
+    per_beta0: float = 0.4
+    """importance-sampling exponent at the start, annealed linearly to per_beta1 over the run"""
+    per_beta1: float = 1.0
+    """importance-sampling exponent at the end (RLlib keeps beta fixed: per_beta1 = per_beta0)"""
+    per_eps: float = 1e-6
+    """added to |TD error| (or the C51 loss) to form a priority"""
+    torso: Literal["auto", "mlp", "cnn"] = "auto"
+    """auto picks the MinAtar cnn for image observations [H, W, C], mlp otherwise"""
+    hidden_sizes: tuple[int, ...] = (120, 84)
+    """hidden layer widths (after the convolution for the cnn torso)"""
+    activation: Literal["relu", "tanh"] = "relu"
+    """hidden-layer activation"""
+
+    def __post_init__(self):
+        positive = ("num_seeds", "num_envs", "steps_per_update", "train_frequency", "gradient_steps",
+                    "buffer_size", "batch_size", "target_update_period", "num_atoms", "n_step",
+                    "log_every", "checkpoint_every", "eval_episodes")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.train_frequency % self.num_envs:
+            raise ValueError(
+                f"train_frequency={self.train_frequency} must be a multiple of num_envs={self.num_envs} "
+                "(each env steps train_frequency / num_envs times between gradient phases)"
+            )
+        if self.steps_per_update % self.train_frequency:
+            raise ValueError(
+                f"steps_per_update={self.steps_per_update} must be a multiple of train_frequency={self.train_frequency}"
+            )
+        if self.num_atoms == 2 or (self.num_atoms > 1 and not self.v_min < self.v_max):
+            raise ValueError(
+                f"a categorical distribution needs num_atoms >= 3 and v_min < v_max, got num_atoms={self.num_atoms}, "
+                f"v_min={self.v_min}, v_max={self.v_max} (num_atoms 1 is expected-value DQN)"
+            )
+        if self.buffer_size // self.num_envs < self.n_step + 1:
+            raise ValueError(f"buffer_size={self.buffer_size} is too small for num_envs={self.num_envs}, n_step={self.n_step}")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"tau must be in (0, 1], got {self.tau}")
+        if self.num_updates < 1:
+            raise ValueError(f"total_timesteps={self.total_timesteps} is less than steps_per_update={self.steps_per_update}")
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.steps_per_update
+
+    @property
+    def phases_per_update(self) -> int:
+        return self.steps_per_update // self.train_frequency
+
+
+# --------------------------------------------------------------------------- #
+# Networks
+# --------------------------------------------------------------------------- #
+ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu}
+
+
+class Linear(nnx.Module):
+    """Plain linear layer with the same call signature as NoisyLinear (the key is ignored)."""
+
+    def __init__(self, in_features: int, out_features: int, rngs: nnx.Rngs, **_):
+        self.layer = nnx.Linear(in_features, out_features, rngs=rngs)
+
+    def __call__(self, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return self.layer(x)
+
+
+class NoisyLinear(nnx.Module):
+    """Factorised Gaussian noisy linear layer (Fortunato et al. 2018, section 3.2).
+
+    y = (mu_w + sigma_w * f(e_in) f(e_out)^T) x + mu_b + sigma_b * f(e_out),
+    f(e) = sign(e) sqrt|e|, e ~ N(0, 1), one noise draw per call (shared by the
+    batch). Init: mu ~ U[-1/sqrt(p), 1/sqrt(p)], sigma = sigma0 / sqrt(p), p = fan-in.
+    `key=None` uses the mean weights (greedy evaluation).
+    """
+
+    def __init__(self, in_features: int, out_features: int, rngs: nnx.Rngs, sigma0: float = 0.5):
+        bound = 1.0 / np.sqrt(in_features)
+        uniform = nnx.initializers.uniform(2 * bound)
+        self.w_mu = nnx.Param(uniform(rngs.params(), (in_features, out_features)) - bound)
+        self.b_mu = nnx.Param(uniform(rngs.params(), (out_features,)) - bound)
+        self.w_sigma = nnx.Param(jnp.full((in_features, out_features), sigma0 * bound))
+        self.b_sigma = nnx.Param(jnp.full((out_features,), sigma0 * bound))
+
+    def __call__(self, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        if key is None:
+            return x @ self.w_mu[...] + self.b_mu[...]
+        in_key, out_key = jax.random.split(key)
+        f = lambda e: jnp.sign(e) * jnp.sqrt(jnp.abs(e))
+        eps_in = f(jax.random.normal(in_key, (self.w_mu.shape[0],)))
+        eps_out = f(jax.random.normal(out_key, (self.w_mu.shape[1],)))
+        weight = self.w_mu[...] + self.w_sigma[...] * jnp.outer(eps_in, eps_out)
+        return x @ weight + self.b_mu[...] + self.b_sigma[...] * eps_out
+
+
+class MinAtarConv(nnx.Module):
+    """[..., H, W, C] -> [..., (H-2)(W-2)16]: the MinAtar 3x3 convolution (16
+    channels, no padding) + ReLU, written as patches @ kernel because XLA:CPU
+    runs the kernel gradient of `lax.conv` about 15x slower inside a `lax.scan`
+    (docs/ppo.md, implementation detail 13)."""
+
+    def __init__(self, channels: int, rngs: nnx.Rngs):
+        self.kernel = nnx.Linear(9 * channels, 16, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        height, width = x.shape[-3] - 2, x.shape[-2] - 2
+        patches = jnp.concatenate([x[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], -1)
+        x = jax.nn.relu(self.kernel(patches))
+        return x.reshape(x.shape[:-3] + (-1,))
+
+
+def dueling_aggregate(value: jax.Array, advantage: jax.Array) -> jax.Array:
+    """Q = V + A - mean_a A (Wang et al. 2016, eq. 9), per atom:
+    value [..., 1, atoms], advantage [..., A, atoms] -> [..., A, atoms]."""
+    return value + advantage - advantage.mean(axis=-2, keepdims=True)
+
+
+class QNetwork(nnx.Module):
+    """obs [..., *obs_shape] -> out [..., A, atoms]: Q-values (atoms = 1) or
+    logits of the return distribution over the support (atoms > 1).
+
+    Torso: the MinAtar conv for images, then `hidden_sizes` layers; every linear
+    layer after the conv is noisy when `noisy` (Hessel et al. 2018). `key`
+    draws the noise (one key per layer); `None` uses the mean weights.
+    """
+
+    def __init__(self, spec: envs.EnvSpec, args: Args, torso: str, rngs: nnx.Rngs):
+        layer = NoisyLinear if args.noisy else Linear
+        self.conv = MinAtarConv(spec.obs_shape[-1], rngs) if torso == "cnn" else None
+        if torso == "cnn":
+            height, width, _ = spec.obs_shape
+            features = (height - 2) * (width - 2) * 16
+        else:
+            features = int(np.prod(spec.obs_shape))
+        sizes = (features, *args.hidden_sizes)
+        self.hidden = nnx.List([layer(a, b, rngs, sigma0=args.sigma0) for a, b in zip(sizes[:-1], sizes[1:])])
+        self.advantage = layer(sizes[-1], spec.num_actions * args.num_atoms, rngs, sigma0=args.sigma0)
+        self.value = layer(sizes[-1], args.num_atoms, rngs, sigma0=args.sigma0) if args.dueling else None
+        self.activation = ACTIVATIONS[args.activation]
+        self.num_actions, self.num_atoms = spec.num_actions, args.num_atoms
+
+    def __call__(self, obs: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        keys = [None] * (len(self.hidden) + 2) if key is None else list(jax.random.split(key, len(self.hidden) + 2))
+        x = obs if self.conv is None else self.conv(obs)
+        for layer, layer_key in zip(self.hidden, keys):
+            x = self.activation(layer(x, layer_key))
+        shape = x.shape[:-1] + (self.num_actions, self.num_atoms)
+        advantage = self.advantage(x, keys[-2]).reshape(shape)
+        if self.value is None:
+            return advantage
+        return dueling_aggregate(self.value(x, keys[-1])[..., None, :], advantage)
+
+
+# --------------------------------------------------------------------------- #
+# Pytrees
+# --------------------------------------------------------------------------- #
+class Transition(NamedTuple):
+    """One env step as stored in replay (leaves [num_envs, ...] when added)."""
+
+    obs: jax.Array  # [*obs_shape]
+    action: jax.Array  # [] int32
+    reward: jax.Array  # []
+    terminated: jax.Array  # [] bool: V(next) = 0
+    truncated: jax.Array  # [] bool: time limit, bootstrap from next_obs
+    next_obs: jax.Array  # [*obs_shape] info["final_observation"]: the true next state
+
+
+@struct.dataclass
+class RunnerState:
+    params: nnx.State
+    target_params: nnx.State
+    opt_state: optax.OptState
+    buffer: buffers.Buffer  # leaves [rows, num_envs, ...]
+    env_state: Any  # leaves [num_envs, ...]
+    obs: jax.Array  # [num_envs, *obs_shape]
+    key: jax.Array
+    env_steps: jax.Array  # [] env steps per seed so far
+    gradient_steps: jax.Array  # [] gradient steps taken
+
+
+# --------------------------------------------------------------------------- #
+# Algorithm logic (pure functions; the unit tests import these)
+# --------------------------------------------------------------------------- #
+def linear_schedule(start: float, end: float, duration: float, t: jax.Array) -> jax.Array:
+    """start -> end linearly over `duration`, then constant."""
+    fraction = jnp.clip(t / jnp.maximum(duration, 1.0), 0.0, 1.0)
+    return start + fraction * (end - start)
+
+
+def n_step_targets(
+    rewards: jax.Array, terminated: jax.Array, truncated: jax.Array, gamma: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """n-step returns of windows that may cross episode ends (Hessel et al. 2018, eq. 2).
+
+    rewards, terminated, truncated: [B, n], step k of window b is t + k.
+    The sum stops at the first step k* that ends an episode (terminated or
+    truncated); without one, k* = n - 1. Returns
+      returns [B]: sum_{k <= k*} gamma^k r_{t+k},
+      discount [B]: gamma^(k* + 1), or 0 if step k* terminated,
+      last [B]: k*, whose stored next_obs (the final observation when the
+        episode ended there) is the bootstrap state.
+    """
+    chex.assert_equal_shape([rewards, terminated, truncated])
+    n = rewards.shape[1]
+    done = (terminated | truncated).astype(jnp.float32)
+    # alive[k] = 1 while no step before k ended the episode.
+    alive = jnp.cumprod(jnp.concatenate([jnp.ones_like(done[:, :1]), 1.0 - done[:, :-1]], axis=1), axis=1)
+    powers = gamma ** jnp.arange(n, dtype=jnp.float32)
+    returns = jnp.sum(powers * rewards * alive, axis=1)
+    last = jnp.where(done.any(axis=1), jnp.argmax(done, axis=1), n - 1)
+    terminated_last = jnp.take_along_axis(terminated, last[:, None], axis=1)[:, 0]
+    discount = gamma ** (last + 1.0) * (1.0 - terminated_last.astype(jnp.float32))
+    return returns, discount, last
+
+
+def categorical_projection(
+    next_probs: jax.Array, returns: jax.Array, discounts: jax.Array, support: jax.Array
+) -> jax.Array:
+    """Project the distribution of R + discount * Z onto the fixed support
+    (Bellemare et al. 2017, Algorithm 1). next_probs [B, N], returns and
+    discounts [B], support [N] evenly spaced -> target probabilities [B, N].
+
+    Each shifted atom Tz_j = clip(R + discount z_j, v_min, v_max) splits its mass
+    between the neighbouring atoms l = floor(b_j), u = ceil(b_j), b_j = (Tz_j - v_min) / dz,
+    in proportion to closeness; when b_j falls exactly on an atom, all of it goes there.
+    """
+    num_atoms = support.shape[0]
+    v_min, v_max = support[0], support[-1]
+    delta = (v_max - v_min) / (num_atoms - 1)
+    shifted = jnp.clip(returns[:, None] + discounts[:, None] * support[None, :], v_min, v_max)
+    b = (shifted - v_min) / delta
+    lower, upper = jnp.floor(b), jnp.ceil(b)
+    lower_mass = next_probs * (upper - b + (lower == upper))
+    upper_mass = next_probs * (b - lower)
+    one_hot = lambda index: jax.nn.one_hot(index.astype(jnp.int32), num_atoms)  # [B, N, N]
+    return jnp.einsum("bj,bjk->bk", lower_mass, one_hot(lower)) + jnp.einsum("bj,bjk->bk", upper_mass, one_hot(upper))
+
+
+def importance_weights(probability: jax.Array, num_valid: jax.Array, beta: jax.Array) -> jax.Array:
+    """Prioritized-replay correction w_i = (N P(i))^-beta, divided by the largest
+    weight in the batch so updates are only ever scaled down (Schaul et al. 2016, section 3.4)."""
+    weights = (num_valid * probability) ** -beta
+    return weights / weights.max()
+
+
+def greedy_actions(q_values: jax.Array) -> jax.Array:
+    return jnp.argmax(q_values, axis=-1)
+
+
+# --------------------------------------------------------------------------- #
+# Training
+# --------------------------------------------------------------------------- #
+class Rainbow(NamedTuple):
+    init: Any  # key -> RunnerState
+    update: Any  # RunnerState -> (RunnerState, metrics)
+    train: Any  # key -> (RunnerState, metrics [num_updates])
+    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes]
+    q_values: Any  # (params, obs, key | None) -> Q [..., A]
+    spec: envs.EnvSpec
+
+
+def make_train(args: Args) -> Rainbow:
+    probe_spec = envs.spec(*envs.make(args.env_id))
+    if not probe_spec.discrete:
+        raise ValueError(
+            f"{args.env_id} has a continuous action space; Q-learning here needs discrete actions "
+            "(use algos/ppo.py or algos/mpo.py for continuous control)"
+        )
+    image_obs = len(probe_spec.obs_shape) == 3
+    torso = args.torso if args.torso != "auto" else ("cnn" if image_obs else "mlp")
+    if torso == "cnn" and not image_obs:
+        raise ValueError(f"torso='cnn' needs image observations [H, W, C]; {args.env_id} has {probe_spec.obs_shape}")
+    env, env_params = envs.make(args.env_id, args.num_envs, flatten_obs=torso == "mlp")
+    eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp")
+    spec = envs.spec(env, env_params)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: QNetwork(spec, args, torso, nnx.Rngs(0))))
+    support = jnp.linspace(args.v_min, args.v_max, args.num_atoms)
+    distributional = args.num_atoms > 1
+    vector_steps = args.train_frequency // args.num_envs
+    total = float(args.total_timesteps)
+
+    def network(params, obs, key=None):
+        return nnx.merge(graphdef, params)(obs, key)
+
+    def q_values(params, obs, key=None):
+        """[..., A]: expected return of each action."""
+        out = network(params, obs, key)
+        if not distributional:
+            return out[..., 0]
+        return jnp.sum(jax.nn.softmax(out, axis=-1) * support, axis=-1)
+
+    clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
+    optimizer = optax.chain(*clip, optax.adam(args.learning_rate, eps=args.adam_eps))
+
+    def init(key: jax.Array) -> RunnerState:
+        key, model_key, env_key = jax.random.split(key, 3)
+        params = nnx.split(QNetwork(spec, args, torso, nnx.Rngs(model_key)))[1]
+        obs, env_state = env.reset(env_key, env_params)
+        example = Transition(obs[0], jnp.int32(0), jnp.float32(0), jnp.bool_(False), jnp.bool_(False), obs[0])
+        return RunnerState(
+            params=params,
+            target_params=params,
+            opt_state=optimizer.init(params),
+            buffer=buffers.init(example, args.buffer_size, args.num_envs),
+            env_state=env_state,
+            obs=obs,
+            key=key,
+            env_steps=jnp.int32(0),
+            gradient_steps=jnp.int32(0),
+        )
+
+    def act(state: RunnerState, _):
+        """One step of every env: epsilon-greedy (or noisy-greedy) actions, replay insertion."""
+        key, noise_key, explore_key, action_key, step_key = jax.random.split(state.key, 5)
+        greedy = greedy_actions(q_values(state.params, state.obs, noise_key if args.noisy else None))
+        if args.noisy:
+            action = greedy  # the noise explores (Fortunato et al. 2018)
+        else:
+            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * total, state.env_steps)
+            random_action = jax.random.randint(action_key, greedy.shape, 0, spec.num_actions)
+            action = jnp.where(jax.random.uniform(explore_key, greedy.shape) < epsilon, random_action, greedy)
+        next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, state.env_state, action, env_params)
+        transition = Transition(state.obs, action, reward, terminated, truncated, info["final_observation"])
+        state = state.replace(
+            buffer=buffers.add(state.buffer, transition), env_state=env_state, obs=next_obs, key=key,
+            env_steps=state.env_steps + args.num_envs,
+        )
+        return state, {k: info[k] for k in ("episode_done", "episode_return", "episode_length")}
+
+    def loss_fn(params, target_params, sample: buffers.Sample, beta, key):
+        """Mean importance-weighted TD loss of a batch of n-step windows [B, n]."""
+        w = sample.windows
+        returns, discount, last = n_step_targets(w.reward, w.terminated, w.truncated, args.gamma)
+        bootstrap_obs = jnp.take_along_axis(w.next_obs, last.reshape((-1,) + (1,) * (w.next_obs.ndim - 1)), axis=1)[:, 0]
+        obs, action = w.obs[:, 0], w.action[:, 0]
+        online_key, next_key, target_key = jax.random.split(key, 3) if args.noisy else (None, None, None)
+
+        target_out = network(target_params, bootstrap_obs, target_key)  # [B, A, atoms]
+        if args.double_q:
+            next_action = greedy_actions(q_values(params, bootstrap_obs, next_key))
+        else:
+            target_q = target_out[..., 0] if not distributional else jnp.sum(jax.nn.softmax(target_out) * support, -1)
+            next_action = greedy_actions(target_q)
+        target_next = jnp.take_along_axis(target_out, next_action[:, None, None], axis=1)[:, 0]  # [B, atoms]
+        online = jnp.take_along_axis(network(params, obs, online_key), action[:, None, None], axis=1)[:, 0]
+
+        if distributional:
+            target_probs = jax.lax.stop_gradient(
+                categorical_projection(jax.nn.softmax(target_next), returns, discount, support)
+            )
+            per_sample = -jnp.sum(target_probs * jax.nn.log_softmax(online), axis=-1)  # cross-entropy
+            priority = per_sample
+        else:
+            target = jax.lax.stop_gradient(returns + discount * target_next[:, 0])
+            td_error = online[:, 0] - target
+            per_sample = jnp.square(td_error) if args.loss == "mse" else optax.huber_loss(td_error, delta=1.0)
+            priority = jnp.abs(td_error)
+        weights = importance_weights(sample.probability, sample.num_valid, beta) if args.prioritized else 1.0
+        loss = jnp.mean(weights * per_sample)
+        q_taken = online[:, 0] if not distributional else jnp.sum(jax.nn.softmax(online) * support, -1)
+        return loss, (priority, {"loss": loss, "q_value": q_taken.mean(), "priority_max": priority.max()})
+
+    def learn(state: RunnerState, _):
+        key, sample_key, noise_key = jax.random.split(state.key, 3)
+        alpha = args.per_alpha if args.prioritized else None
+        sample = buffers.sample(state.buffer, sample_key, args.batch_size, args.n_step, alpha)
+        beta = linear_schedule(args.per_beta0, args.per_beta1, total, state.env_steps)
+        grads, (priority, stats) = jax.grad(loss_fn, has_aux=True)(
+            state.params, state.target_params, sample, beta, noise_key
+        )
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        buffer = state.buffer
+        if args.prioritized:
+            buffer = buffers.set_priorities(buffer, sample.rows, sample.envs, jax.lax.stop_gradient(priority) + args.per_eps)
+        state = state.replace(
+            params=optax.apply_updates(state.params, updates), opt_state=opt_state, buffer=buffer, key=key,
+            gradient_steps=state.gradient_steps + 1,
+        )
+        return state, stats
+
+    def phase(state: RunnerState, _):
+        """train_frequency env steps, then gradient_steps updates once learning has started,
+        then the target update if its period ended during this phase."""
+        state, episode_info = jax.lax.scan(act, state, None, vector_steps)
+        learning = (state.env_steps >= args.learning_starts) & buffers.can_sample(state.buffer, args.n_step)
+
+        def do_learn(state):
+            return jax.lax.scan(learn, state, None, args.gradient_steps)
+
+        def skip(state):
+            shapes = jax.eval_shape(do_learn, state)[1]
+            return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
+
+        state, stats = jax.lax.cond(learning, do_learn, skip, state)
+        period_ended = state.env_steps // args.target_update_period > (state.env_steps - args.train_frequency) // args.target_update_period
+        update_target = learning & period_ended
+        target = jax.tree.map(
+            lambda t, p: jnp.where(update_target, args.tau * p + (1 - args.tau) * t, t), state.target_params, state.params
+        )
+        return state.replace(target_params=target), (episode_info, stats)
+
+    def update(state: RunnerState):
+        """`steps_per_update` env steps per seed with the learning they trigger; metrics are
+        means over that stretch (NaN loss while learning has not started)."""
+        state, (episode_info, stats) = jax.lax.scan(phase, state, None, args.phases_per_update)
+        epsilon = 0.0 if args.noisy else linear_schedule(args.start_e, args.end_e, args.exploration_fraction * total, state.env_steps)
+        metrics = {
+            **envs.episode_metrics(episode_info),
+            **jax.tree.map(jnp.nanmean, stats),
+            "epsilon": jnp.float32(epsilon),
+            "gradient_steps": state.gradient_steps.astype(jnp.float32),
+            "buffer_size": (state.buffer.size * args.num_envs).astype(jnp.float32),
+        }
+        return state, metrics
+
+    def train(key: jax.Array):
+        return jax.lax.scan(lambda s, _: update(s), init(key), None, args.num_updates)
+
+    def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
+        """Greedy with respect to the mean network (no epsilon, no noise); one
+        episode in each of `eval_episodes` envs."""
+        reset_key, key = jax.random.split(key)
+        obs, env_state = eval_env.reset(reset_key, env_params)
+
+        def body(carry):
+            obs, env_state, key, finished, returns, t = carry
+            key, step_key = jax.random.split(key)
+            action = greedy_actions(q_values(state.params, obs))
+            obs, env_state, _, _, _, info = eval_env.step(step_key, env_state, action, env_params)
+            newly = info["episode_done"] & ~finished
+            returns = jnp.where(newly, info["episode_return"], returns)
+            return obs, env_state, key, finished | newly, returns, t + 1
+
+        def keep_going(carry):
+            return ~jnp.all(carry[3]) & (carry[5] < spec.max_episode_steps + 1)
+
+        num = args.eval_episodes
+        carry = (obs, env_state, key, jnp.zeros(num, bool), jnp.zeros(num), 0)
+        return jax.lax.while_loop(keep_going, body, carry)[4]
+
+    return Rainbow(init, update, train, evaluate, q_values, spec)
+
+
+# --------------------------------------------------------------------------- #
+# Host loop
+# --------------------------------------------------------------------------- #
+def main(args: Args) -> runner.RunResult:
+    """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
+    run directory, metrics.csv, progress, checkpoints with replay, resume), then evaluate greedily."""
+    args = cli.resolve_resume(args)
+    cli.configure_jax(args.compile_cache)
+    algo = make_train(args)
+    return runner.run(
+        args, algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
+        steps_per_update=args.steps_per_update,
+    )
+
+
+if __name__ == "__main__":
+    with cli.user_errors():
+        main(cli.parse(Args, "rainbow"))

@@ -1,0 +1,129 @@
+"""algos/rainbow.py end to end: every preset through `tiny`, determinism, resume, bad input."""
+
+import dataclasses
+import subprocess
+import sys
+import tomllib
+
+import jax
+import numpy as np
+import pytest
+
+from algos import rainbow
+from common import checkpoint, cli, logger
+from conftest import ROOT
+
+TABLES = tomllib.loads((ROOT / "configs" / "rainbow.toml").read_text())
+# Presets that only change the game of another preset are covered by that preset.
+GAME_ONLY = [p for p, t in TABLES.items() if "extends" in t and set(t) <= {"extends", "env_id", "exp_name"}]
+PRESETS = [p for p in TABLES if p != "tiny" and p not in GAME_ONLY]
+
+
+def tiny(tmp_path, **overrides) -> rainbow.Args:
+    return dataclasses.replace(cli.preset_args(rainbow.Args, "rainbow", "tiny"), run_root=str(tmp_path), **overrides)
+
+
+def shrink(preset: str, tmp_path) -> rainbow.Args:
+    """A preset's components with the tiny budget and sizes."""
+    args = cli.preset_args(rainbow.Args, "rainbow", preset)
+    small = cli.preset_args(rainbow.Args, "rainbow", "tiny")
+    keep = {f: getattr(small, f) for f in ("total_timesteps", "steps_per_update", "buffer_size", "batch_size",
+                                           "learning_starts", "target_update_period", "hidden_sizes", "log_every",
+                                           "checkpoint_every", "eval_episodes")}
+    num_envs = args.num_envs if args.num_envs <= 4 else 2
+    train_frequency = num_envs * max(1, args.train_frequency // args.num_envs)
+    steps = keep["steps_per_update"] // train_frequency * train_frequency
+    return dataclasses.replace(args, **{**keep, "num_envs": num_envs, "train_frequency": train_frequency,
+                                        "steps_per_update": steps, "total_timesteps": steps * 4,
+                                        "run_root": str(tmp_path)})
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_runs_at_a_tiny_budget(preset, tmp_path):
+    args = shrink(preset, tmp_path)
+    algo = rainbow.make_train(args)
+    state, metrics = jax.jit(algo.train)(jax.random.key(0))
+    assert np.isfinite(np.asarray(metrics["loss"])[-1]), preset
+    assert int(state.gradient_steps) > 0
+    returns = jax.jit(algo.evaluate)(state, jax.random.key(1))
+    assert returns.shape == (args.eval_episodes,) and np.isfinite(np.asarray(returns)).all()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    args = tiny(tmp_path_factory.mktemp("runs"), num_seeds=2)
+    return args, rainbow.main(args)
+
+
+def test_smoke_two_seeds(tiny_run):
+    args, result = tiny_run
+    assert result.chunk_traces == 1
+    assert result.metrics["loss"].shape == (2, args.num_updates)
+    assert np.isfinite(result.metrics["loss"][:, -1]).all()
+    assert np.isnan(result.metrics["loss"][:, 0]).all()  # learning starts after learning_starts steps
+    assert (result.metrics["gradient_steps"][:, -1] > 0).all()
+    assert len(logger.read_metrics(result.run_dir)["update"]) == 2 * args.num_updates
+    assert checkpoint.latest_update(result.run_dir) == args.num_updates
+
+
+def test_same_seed_gives_identical_metrics(tiny_run, tmp_path):
+    args, first = tiny_run
+    second = rainbow.main(dataclasses.replace(args, run_root=str(tmp_path)))
+    for name in ("loss", "q_value", "episode_return"):
+        np.testing.assert_array_equal(first.metrics[name], second.metrics[name], err_msg=name)
+
+
+class Killed(Exception):
+    pass
+
+
+def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch):
+    args = tiny(tmp_path)  # 10 updates, chunks of 3, a checkpoint every 6
+    full = rainbow.main(args)
+    original_log = logger.Run.log
+
+    def log_then_die(self, update, global_step, metrics):
+        original_log(self, update, global_step, metrics)
+        if update[-1] == 9:
+            raise Killed()
+
+    monkeypatch.setattr(logger.Run, "log", log_then_die)
+    with pytest.raises(Killed):
+        rainbow.main(dataclasses.replace(args, run_root=str(tmp_path / "killed")))
+    monkeypatch.setattr(logger.Run, "log", original_log)
+    (run_dir,) = (tmp_path / "killed").iterdir()
+    assert checkpoint.latest_update(run_dir) == 6
+    resumed = rainbow.main(rainbow.Args(resume=str(run_dir)))
+    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(a, b)  # parameters, target, optimizer and the replay buffer
+
+
+@pytest.mark.parametrize("preset", GAME_ONLY)
+def test_game_presets_name_valid_games(preset):
+    args = cli.preset_args(rainbow.Args, "rainbow", preset)
+    base = cli.preset_args(rainbow.Args, "rainbow", TABLES[preset]["extends"])
+    assert args.env_id != base.env_id and rainbow.envs.spec(*rainbow.envs.make(args.env_id)).discrete
+
+
+def test_continuous_action_space_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="continuous action space"):
+        rainbow.make_train(tiny(tmp_path, env_id="Pendulum-v1"))
+
+
+def test_bad_values_are_named():
+    with pytest.raises(ValueError, match="train_frequency=5 must be a multiple of num_envs=2"):
+        rainbow.Args(num_envs=2, train_frequency=5)
+    with pytest.raises(ValueError, match="num_atoms >= 3"):
+        rainbow.Args(num_atoms=2)
+
+
+def test_cli_tiny_run_and_help(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "algos" / "rainbow.py"), "--preset", "tiny", "--run-root",
+                          str(tmp_path), "--no-compile-cache"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "greedy evaluation" in out.stdout
+    help_out = subprocess.run([sys.executable, str(ROOT / "algos" / "rainbow.py"), "--help"],
+                              capture_output=True, text=True)
+    assert "--double-q" in help_out.stdout and "rllib-rainbow" in help_out.stdout
