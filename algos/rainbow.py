@@ -365,8 +365,9 @@ def categorical_projection(
     lower, upper = jnp.floor(b), jnp.ceil(b)
     lower_mass = next_probs * (upper - b + (lower == upper))
     upper_mass = next_probs * (b - lower)
-    one_hot = lambda index: jax.nn.one_hot(index.astype(jnp.int32), num_atoms)  # [B, N, N]
-    return jnp.einsum("bj,bjk->bk", lower_mass, one_hot(lower)) + jnp.einsum("bj,bjk->bk", upper_mass, one_hot(upper))
+    rows = jnp.broadcast_to(jnp.arange(b.shape[0])[:, None], b.shape)
+    target = jnp.zeros_like(next_probs).at[rows, lower.astype(jnp.int32)].add(lower_mass)
+    return target.at[rows, upper.astype(jnp.int32)].add(upper_mass)
 
 
 def importance_weights(probability: jax.Array, num_valid: jax.Array, beta: jax.Array) -> jax.Array:
