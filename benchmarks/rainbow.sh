@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Every Rainbow / DQN-family number and curve in docs/rainbow.md comes from this script.
+#   bash benchmarks/rainbow.sh [cartpole|ablation|minatar|timing|all]
+# Runs go to benchmarks/out/rainbow/, curves to docs/img/, and
+#   python benchmarks/summarize.py benchmarks/out/rainbow/<group>/*
+# prints the results tables. Timing needs PureJaxRL's dqn.py and a harness that
+# runs it on gymnax >= 1.0 (see docs/rainbow.md): PUREJAXRL_DQN="python /path/run_dqn.py".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=benchmarks/out/rainbow
+PY=${PYTHON:-python}
+SEEDS=${SEEDS:-4}
+what=${1:-all}
+
+run() {  # group, name, flags...
+  local group=$1 name=$2; shift 2
+  rm -rf "$OUT/$group/$name"
+  $PY algos/rainbow.py --num-seeds "$SEEDS" --run-root "$OUT/$group/$name" --exp-name "$name" "$@"
+}
+
+if [[ $what == cartpole || $what == all ]]; then
+  for preset in dqn double dueling per noisy c51 rainbow rllib-dqn rllib-rainbow; do
+    run cartpole "$preset" --preset "$preset"
+  done
+  $PY -m common.plot $OUT/cartpole/{dqn,double,dueling,per,noisy,c51,rainbow}/* --out docs/img/rainbow_cartpole.png \
+    --title "DQN family on CartPole-v1, $SEEDS seeds each" --smooth 5
+  $PY -m common.plot $OUT/cartpole/{rllib-dqn,rllib-rainbow,rainbow}/* --out docs/img/rainbow_rllib.png \
+    --title "RLlib 2.40 configurations vs this file's rainbow preset" --smooth 5
+fi
+if [[ $what == ablation || $what == all ]]; then
+  run ablation rainbow --preset rainbow
+  run ablation no-double --preset rainbow --no-double-q
+  run ablation no-dueling --preset rainbow --no-dueling
+  run ablation no-prioritized --preset rainbow --no-prioritized
+  run ablation no-noisy --preset rainbow --no-noisy
+  run ablation no-distributional --preset rainbow --num-atoms 1 --adam-eps 1e-8
+  run ablation no-n-step --preset rainbow --n-step 1
+  $PY -m common.plot $OUT/ablation/*/* --out docs/img/rainbow_ablation.png \
+    --title "Rainbow minus one component, CartPole-v1, $SEEDS seeds each" --smooth 5
+fi
+if [[ $what == minatar || $what == all ]]; then
+  run minatar breakout --preset breakout-minatar
+  $PY -m common.plot $OUT/minatar/breakout/* --out docs/img/rainbow_breakout_minatar.png \
+    --title "Rainbow on Breakout-MinAtar, $SEEDS seeds"
+fi
+if [[ $what == timing || $what == all ]]; then
+  : "${PUREJAXRL_DQN:?set PUREJAXRL_DQN to the command that runs PureJaxRL's dqn.py; it gets the seed count appended}"
+  $PY benchmarks/time_commands.py --repeats 5 --out "$OUT/timing_1seed.json" \
+    --cmd jaxzoo "$PY $PWD/algos/rainbow.py --preset dqn --no-compile-cache --run-root /tmp/jaxzoo-timing" \
+    --cmd purejaxrl "$PUREJAXRL_DQN 1"
+  $PY benchmarks/time_commands.py --repeats 3 --out "$OUT/timing_8seeds.json" \
+    --cmd jaxzoo "$PY $PWD/algos/rainbow.py --preset dqn --num-seeds 8 --no-compile-cache --run-root /tmp/jaxzoo-timing" \
+    --cmd purejaxrl "$PUREJAXRL_DQN 8"
+fi
