@@ -584,28 +584,13 @@ def make_train(args: Args) -> PPO:
         """Greedy policy (argmax / Gaussian mean), one episode in each of
         `eval_episodes` envs; returns their undiscounted returns [eval_episodes]."""
         normaliser = envs.find_state(state.env_state, envs.NormalizeObservationState).obs_stats if args.normalize_obs else None
-        reset_key, key = jax.random.split(key)
-        obs, env_state = eval_env.reset(reset_key, env_params)
-        num = args.eval_episodes
 
         def greedy(obs):
             if normaliser is not None:
                 obs = envs.normalize(obs, normaliser)
             return actor(state.params, obs).mode()
 
-        def body(carry):
-            obs, env_state, key, finished, returns, t = carry
-            key, step_key = jax.random.split(key)
-            obs, env_state, _, _, _, info = eval_env.step(step_key, env_state, greedy(obs), env_params)
-            newly = info["episode_done"] & ~finished
-            returns = jnp.where(newly, info["episode_return"], returns)
-            return obs, env_state, key, finished | newly, returns, t + 1
-
-        def keep_going(carry):
-            return ~jnp.all(carry[3]) & (carry[5] < spec.max_episode_steps + 1)
-
-        carry = (obs, env_state, key, jnp.zeros(num, bool), jnp.zeros(num), 0)
-        return jax.lax.while_loop(keep_going, body, carry)[4]
+        return envs.evaluate_episodes(eval_env, env_params, greedy, key, spec.max_episode_steps + 1)
 
     return PPO(init, update, train, evaluate, policy, spec)
 

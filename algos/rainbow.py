@@ -553,24 +553,8 @@ def make_train(args: Args) -> Rainbow:
     def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
         """Greedy with respect to the mean network (no epsilon, no noise); one
         episode in each of `eval_episodes` envs."""
-        reset_key, key = jax.random.split(key)
-        obs, env_state = eval_env.reset(reset_key, env_params)
-
-        def body(carry):
-            obs, env_state, key, finished, returns, t = carry
-            key, step_key = jax.random.split(key)
-            action = greedy_actions(q_values(state.params, obs))
-            obs, env_state, _, _, _, info = eval_env.step(step_key, env_state, action, env_params)
-            newly = info["episode_done"] & ~finished
-            returns = jnp.where(newly, info["episode_return"], returns)
-            return obs, env_state, key, finished | newly, returns, t + 1
-
-        def keep_going(carry):
-            return ~jnp.all(carry[3]) & (carry[5] < spec.max_episode_steps + 1)
-
-        num = args.eval_episodes
-        carry = (obs, env_state, key, jnp.zeros(num, bool), jnp.zeros(num), 0)
-        return jax.lax.while_loop(keep_going, body, carry)[4]
+        greedy = lambda obs: greedy_actions(q_values(state.params, obs))
+        return envs.evaluate_episodes(eval_env, env_params, greedy, key, spec.max_episode_steps + 1)
 
     return Rainbow(init, update, train, evaluate, q_values, spec)
 

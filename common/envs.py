@@ -334,3 +334,27 @@ def find_state(state, state_type):
         state = state.env_state
     return state
 
+
+
+def evaluate_episodes(env, env_params, act, key: jax.Array, max_steps: int) -> jax.Array:
+    """Play one episode in each env of a VecEnv and return their undiscounted
+    returns [num_envs]. `act(obs [num_envs, ...]) -> actions` is the (greedy)
+    policy; the loop (`lax.while_loop`) stops once every env has finished an
+    episode or after `max_steps` steps. Jittable and vmappable."""
+    reset_key, key = jax.random.split(key)
+    obs, env_state = env.reset(reset_key, env_params)
+    num = obs.shape[0]
+
+    def body(carry):
+        obs, env_state, key, finished, returns, t = carry
+        key, step_key = jax.random.split(key)
+        obs, env_state, _, _, _, info = env.step(step_key, env_state, act(obs), env_params)
+        newly = info["episode_done"] & ~finished
+        returns = jnp.where(newly, info["episode_return"], returns)
+        return obs, env_state, key, finished | newly, returns, t + 1
+
+    def keep_going(carry):
+        return ~jnp.all(carry[3]) & (carry[5] < max_steps)
+
+    carry = (obs, env_state, key, jnp.zeros(num, bool), jnp.zeros(num), 0)
+    return jax.lax.while_loop(keep_going, body, carry)[4]

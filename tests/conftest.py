@@ -14,3 +14,46 @@ sys.path.insert(0, str(ROOT))  # tests run from a clone even before `pip install
 def _compile_cache(tmp_path_factory):
     os.environ["JAXZOO_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax-cache"))
     yield
+
+
+class Killed(Exception):
+    """Raised from inside a run to simulate the process dying."""
+
+
+def assert_killed_run_resumes_exactly(module, args, kill_after_update: int, checkpoint_update: int, monkeypatch):
+    """Run `args` to the end; run it again but die right after logging update
+    `kill_after_update` (after the checkpoint at `checkpoint_update`, before the
+    next); resume from that run directory; the resumed run must end with a
+    bit-identical runner state (parameters, optimizer, env states, replay, keys)
+    and logs every update exactly once."""
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from common import checkpoint, logger
+
+    full = module.main(args)
+    original_log = logger.Run.log
+
+    def log_then_die(self, update, global_step, metrics):
+        original_log(self, update, global_step, metrics)
+        if update[-1] == kill_after_update:
+            raise Killed()
+
+    killed_root = Path(args.run_root) / "killed"
+    monkeypatch.setattr(logger.Run, "log", log_then_die)
+    with pytest.raises(Killed):
+        module.main(dataclasses.replace(args, run_root=str(killed_root)))
+    monkeypatch.setattr(logger.Run, "log", original_log)
+    (run_dir,) = killed_root.iterdir()
+    assert checkpoint.latest_update(run_dir) == checkpoint_update
+    resumed = module.main(module.Args(resume=str(run_dir)))
+    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(a, b)
+    rows = logger.read_metrics(run_dir)
+    per_seed = rows["update"][rows["seed_index"] == 0]
+    assert sorted(per_seed) == list(range(1, args.num_updates + 1))
+    np.testing.assert_array_equal(full.eval_returns, resumed.eval_returns)

@@ -1,7 +1,5 @@
 """common/logger.py and common/plot.py."""
 
-import math
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from algos import mpo
-from common import buffers, checkpoint, cli, logger
+from common import cli, logger
+from conftest import assert_killed_run_resumes_exactly
 
 
 def tiny(tmp_path, **overrides) -> mpo.Args:
@@ -39,31 +40,9 @@ def test_same_seed_gives_identical_metrics(tiny_run, tmp_path):
         np.testing.assert_array_equal(first.metrics[name], second.metrics[name], err_msg=name)
 
 
-class Killed(Exception):
-    pass
-
-
 def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch):
-    args = tiny(tmp_path)  # 6 updates, chunks of 2, a checkpoint every 4
-    full = mpo.main(args)
-    original_log = logger.Run.log
-
-    def log_then_die(self, update, global_step, metrics):
-        original_log(self, update, global_step, metrics)
-        if update[-1] == 6:
-            raise Killed()
-
-    monkeypatch.setattr(logger.Run, "log", log_then_die)
-    with pytest.raises(Killed):
-        mpo.main(dataclasses.replace(args, run_root=str(tmp_path / "killed")))
-    monkeypatch.setattr(logger.Run, "log", original_log)
-    (run_dir,) = (tmp_path / "killed").iterdir()
-    assert checkpoint.latest_update(run_dir) == 4
-    resumed = mpo.main(mpo.Args(resume=str(run_dir)))
-    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
-        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
-            a, b = jax.random.key_data(a), jax.random.key_data(b)
-        np.testing.assert_array_equal(a, b)
+    # 6 updates, chunks of 2, a checkpoint every 4
+    assert_killed_run_resumes_exactly(mpo, tiny(tmp_path), 6, 4, monkeypatch)
 
 
 def learner_and_windows(args, reward=0.0):

@@ -11,7 +11,7 @@ import pytest
 
 from algos import ppo
 from common import checkpoint, cli, logger
-from conftest import ROOT
+from conftest import ROOT, assert_killed_run_resumes_exactly
 
 
 def tiny(tmp_path, **overrides) -> ppo.Args:
@@ -65,36 +65,9 @@ def test_same_seed_gives_identical_metrics(two_seed_run, tmp_path):
     np.testing.assert_allclose(alone.metrics["policy_loss"][0], first.metrics["policy_loss"][1], rtol=1e-5, atol=1e-7)
 
 
-class Killed(Exception):
-    pass
-
-
 def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch):
-    args = tiny(tmp_path)  # 16 updates, chunks of 4, a checkpoint every 8
-    full = ppo.main(args)
-
-    original_log = logger.Run.log
-
-    def log_then_die(self, update, global_step, metrics):
-        original_log(self, update, global_step, metrics)
-        if update[-1] == 12:  # after the checkpoint at 8, before the one at 16
-            raise Killed()
-
-    monkeypatch.setattr(logger.Run, "log", log_then_die)
-    with pytest.raises(Killed):
-        ppo.main(dataclasses.replace(args, run_root=str(tmp_path / "killed")))
-    monkeypatch.setattr(logger.Run, "log", original_log)
-    (run_dir,) = (tmp_path / "killed").iterdir()
-    assert checkpoint.latest_update(run_dir) == 8
-
-    resumed = ppo.main(ppo.Args(resume=str(run_dir)))
-    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
-        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
-            a, b = jax.random.key_data(a), jax.random.key_data(b)
-        np.testing.assert_array_equal(a, b)
-    columns = logger.read_metrics(run_dir)
-    assert sorted(columns["update"]) == list(range(1, 17))  # rows after the checkpoint were not duplicated
-    np.testing.assert_array_equal(full.eval_returns, resumed.eval_returns)
+    # 16 updates, chunks of 4, a checkpoint every 8
+    assert_killed_run_resumes_exactly(ppo, tiny(tmp_path), 12, 8, monkeypatch)
 
 
 def test_resume_of_a_missing_directory_is_a_clear_error(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from algos import rainbow
 from common import checkpoint, cli, logger
-from conftest import ROOT
+from conftest import ROOT, assert_killed_run_resumes_exactly
 
 TABLES = tomllib.loads((ROOT / "configs" / "rainbow.toml").read_text())
 # Presets that only change the game of another preset are covered by that preset.
@@ -73,38 +73,9 @@ def test_same_seed_gives_identical_metrics(tiny_run, tmp_path):
         np.testing.assert_array_equal(first.metrics[name], second.metrics[name], err_msg=name)
 
 
-class Killed(Exception):
-    pass
-
-
 def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch):
-    args = tiny(tmp_path)  # 10 updates, chunks of 3, a checkpoint every 6
-    full = rainbow.main(args)
-    original_log = logger.Run.log
-
-    def log_then_die(self, update, global_step, metrics):
-        original_log(self, update, global_step, metrics)
-        if update[-1] == 9:
-            raise Killed()
-
-    monkeypatch.setattr(logger.Run, "log", log_then_die)
-    with pytest.raises(Killed):
-        rainbow.main(dataclasses.replace(args, run_root=str(tmp_path / "killed")))
-    monkeypatch.setattr(logger.Run, "log", original_log)
-    (run_dir,) = (tmp_path / "killed").iterdir()
-    assert checkpoint.latest_update(run_dir) == 6
-    resumed = rainbow.main(rainbow.Args(resume=str(run_dir)))
-    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
-        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
-            a, b = jax.random.key_data(a), jax.random.key_data(b)
-        np.testing.assert_array_equal(a, b)  # parameters, target, optimizer and the replay buffer
-
-
-@pytest.mark.parametrize("preset", GAME_ONLY)
-def test_game_presets_name_valid_games(preset):
-    args = cli.preset_args(rainbow.Args, "rainbow", preset)
-    base = cli.preset_args(rainbow.Args, "rainbow", TABLES[preset]["extends"])
-    assert args.env_id != base.env_id and rainbow.envs.spec(*rainbow.envs.make(args.env_id)).discrete
+    # 10 updates, chunks of 3, a checkpoint every 6
+    assert_killed_run_resumes_exactly(rainbow, tiny(tmp_path), 9, 6, monkeypatch)
 
 
 def test_continuous_action_space_is_refused(tmp_path):
