@@ -1,0 +1,790 @@
+"""UniZero-PPO: UniZero's transformer world model, its policy trained by PPO
+without search, the whole run in one `jax.jit`.
+
+Papers: Pu et al. 2024, "UniZero: Generalized and Efficient Planning with
+Scalable Latent World Models" (arXiv:2406.10667); Schulman et al. 2017 (PPO,
+arXiv:1707.06347) and 2016 (GAE, arXiv:1506.02438).
+
+The idea (seed 000: a researcher's UniZero + PPO on LightZero): keep UniZero's
+world model, a causal transformer over interleaved (observation-latent, action)
+tokens whose heads predict the next latent and the reward (read at the action
+token) and the policy and value (read at the latent token), and keep its
+self-supervised losses; but drop MCTS. Collection samples actions from the
+policy head (temperature-scaled softmax), evaluation takes its argmax, and the
+policy and value heads are trained by PPO with GAE on fresh data that is thrown
+away after each training phase:
+
+    loss = 10 latent MSE + 1 reward CE + 1 PPO clipped surrogate
+           + 0.5 value CE(two-hot h(return)) - c_ent entropy.
+
+The seed's six bugs are fixed here and each fix is pinned by a test
+(docs/unizero_ppo.md lists them). The key to two of them is one context rule
+for acting and training: the rollout is cut into aligned chunks of
+`num_unroll_steps` steps, the policy at a step sees the tokens of its chunk (and
+episode) so far, and training runs exactly those chunks as windows, so the
+log-probs stored at collection are the ones training recomputes: the PPO ratio
+of the first update is 1.
+
+    python algos/unizero_ppo.py                        # CartPole-v1 (= --preset cartpole)
+    python algos/unizero_ppo.py --preset cartpole-v0   # the seed's setting (200-step episodes)
+    python algos/unizero_ppo.py --eval-search 16       # also evaluate with 16-simulation Gumbel MCTS
+
+Details, logged metrics and measured results: docs/unizero_ppo.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import mctx
+import numpy as np
+import optax
+from flax import nnx, struct
+
+from common import cli, envs, runner
+
+
+# --------------------------------------------------------------------------- #
+# Arguments
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class Args:
+    """UniZero-PPO: UniZero's world model, policy and value trained by PPO without search."""
+
+    exp_name: str = "unizero_ppo"
+    """name of the experiment: part of the run directory and the plot label"""
+    seed: int = 0
+    """seed of the first run; seed index i uses seed + i"""
+    num_seeds: int = 1
+    """independent seeds trained at once with `jax.vmap`"""
+    env_id: str = "CartPole-v1"
+    """gymnax environment id (discrete actions only)"""
+    total_timesteps: int = 100_000
+    """environment steps per seed"""
+    log_every: int = 5
+    """updates per jitted chunk: metrics, progress and checkpoints happen between chunks"""
+    track: bool = False
+    """log to Weights & Biases (needs the `logging` extra)"""
+    tensorboard: bool = False
+    """write TensorBoard event files into the run directory (needs the `logging` extra)"""
+    save_model: bool = True
+    """write checkpoints of the whole runner state (needed for --resume)"""
+    checkpoint_every: int = 50
+    """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end"""
+    resume: str | None = None
+    """run directory to resume; its args.json replaces every other flag"""
+    run_root: str = "runs"
+    """directory under which run directories are created"""
+    eval_episodes: int = 10
+    """greedy evaluation episodes per seed at the end of training"""
+    compile_cache: bool = True
+    """JAX persistent compilation cache: a second run of the same command skips compiling"""
+
+    # algorithm-specific
+    max_episode_steps: int = 0
+    """time limit of an episode; 0 keeps the env's own (200 for the seed's CartPole-v0)"""
+    num_envs: int = 8
+    """parallel environments per seed (the seed: 8 collector envs)"""
+    num_steps: int = 50
+    """steps per env per collection phase (a multiple of num_unroll_steps)"""
+    num_unroll_steps: int = 5
+    """chunk length: the context of the policy and the length of a training window"""
+    temperature: float = 0.25
+    """collection samples from softmax(logits / temperature); the stored log-prob is of that distribution"""
+    replay_ratio: float = 0.25
+    """gradient steps per new transition in each training phase (the seed: 0.25)"""
+    batch_size: int = 256
+    """windows per gradient step, drawn with replacement from the phase's fresh windows"""
+    gamma: float = 0.99
+    """discount of GAE"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    clip_coef: float = 0.2
+    """PPO clipping epsilon"""
+    norm_adv: bool = False
+    """normalise advantages per batch (off: the seed)"""
+    target_kl: float = 0.0
+    """stop a training phase once a batch's approximate KL exceeds this (0: never)"""
+    latent_coef: float = 10.0
+    """weight of the latent-consistency MSE"""
+    reward_coef: float = 1.0
+    """weight of the reward cross-entropy"""
+    policy_coef: float = 1.0
+    """weight of the PPO clipped surrogate"""
+    value_coef: float = 0.5
+    """weight of the value cross-entropy"""
+    ent_coef: float = 0.01
+    """entropy bonus (the seed configured 0.01 but never applied it)"""
+    learning_rate: float = 1e-4
+    """AdamW learning rate"""
+    weight_decay: float = 1e-4
+    """AdamW weight decay (on matrices only)"""
+    max_grad_norm: float = 5.0
+    """global gradient-norm clip"""
+    target_update_rate: float = 0.05
+    """EMA rate of the target encoder that makes latent targets"""
+    embed_dim: int = 64
+    """latent and token width"""
+    num_layers: int = 2
+    """transformer layers"""
+    num_heads: int = 2
+    """attention heads"""
+    dropout: float = 0.0
+    """dropout in the transformer during training (LightZero: 0.1; it makes the first PPO ratio differ from 1)"""
+    support_size: int = 101
+    """bins of the categorical reward and value heads, on [-(n-1)/2, (n-1)/2] in h-space"""
+    eval_search: int = 0
+    """also evaluate with Gumbel MuZero search of this many simulations on the trained model (0: off)"""
+    search_discount: float = 0.997
+    """discount of the evaluation search"""
+
+    def __post_init__(self):
+        positive = ("num_seeds", "num_envs", "num_steps", "num_unroll_steps", "batch_size", "embed_dim",
+                    "num_layers", "num_heads", "log_every", "checkpoint_every", "eval_episodes")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_steps % self.num_unroll_steps:
+            raise ValueError(
+                f"num_steps={self.num_steps} must be a multiple of num_unroll_steps={self.num_unroll_steps}: "
+                "rollouts are cut into whole chunks"
+            )
+        if self.embed_dim % (2 * self.num_heads):
+            raise ValueError(f"embed_dim={self.embed_dim} must divide into num_heads={self.num_heads} even head sizes")
+        if self.support_size % 2 == 0 or self.support_size < 3:
+            raise ValueError(f"support_size must be odd and >= 3, got {self.support_size}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.num_updates < 1:
+            raise ValueError(f"total_timesteps={self.total_timesteps} is less than one rollout ({self.batch_steps} steps)")
+
+    @property
+    def batch_steps(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_steps
+
+    @property
+    def gradient_steps(self) -> int:
+        return max(1, round(self.replay_ratio * self.batch_steps))
+
+
+# --------------------------------------------------------------------------- #
+# Networks
+# --------------------------------------------------------------------------- #
+def h_transform(x: jax.Array, eps: float = 1e-3) -> jax.Array:
+    """h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x (Pohlen et al. 2018), which
+    squashes returns so one categorical support covers them."""
+    return jnp.sign(x) * (jnp.sqrt(jnp.abs(x) + 1.0) - 1.0) + eps * x
+
+
+def h_inverse(y: jax.Array, eps: float = 1e-3) -> jax.Array:
+    """The exact inverse of `h_transform`."""
+    return jnp.sign(y) * (jnp.square((jnp.sqrt(1.0 + 4.0 * eps * (jnp.abs(y) + 1.0 + eps)) - 1.0) / (2.0 * eps)) - 1.0)
+
+
+def two_hot(y: jax.Array, support_size: int) -> jax.Array:
+    """[...] values in h-space -> [..., support_size] probabilities on the integer
+    support [-(n-1)/2, (n-1)/2]: the mass is split between the two nearest bins
+    so the expectation is y (clipped to the support)."""
+    half = (support_size - 1) // 2
+    y = jnp.clip(y, -half, half)
+    low = jnp.floor(y)
+    upper_weight = y - low
+    index = (low + half).astype(jnp.int32)
+    return jax.nn.one_hot(index, support_size) * (1.0 - upper_weight)[..., None] + jax.nn.one_hot(
+        jnp.minimum(index + 1, support_size - 1), support_size
+    ) * upper_weight[..., None]
+
+
+def scalar_to_probs(x: jax.Array, support_size: int) -> jax.Array:
+    return two_hot(h_transform(x), support_size)
+
+
+def logits_to_scalar(logits: jax.Array) -> jax.Array:
+    """[..., n] categorical logits -> [...] scalars: expectation on the support, then h^-1."""
+    half = (logits.shape[-1] - 1) // 2
+    support = jnp.arange(-half, half + 1, dtype=jnp.float32)
+    return h_inverse(jnp.sum(jax.nn.softmax(logits, axis=-1) * support, axis=-1))
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float = 1e4) -> jax.Array:
+    """Rotary position embedding (Su et al. 2021): x [B, T, H, Dh], positions [B, T]."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions[..., None, None].astype(jnp.float32) * freqs  # [B, T, 1, half]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * jnp.cos(angles) - x2 * jnp.sin(angles), x1 * jnp.sin(angles) + x2 * jnp.cos(angles)], -1)
+
+
+def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+    """Inverted dropout; identity without a key (acting, evaluation) or at rate 0."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+class Block(nnx.Module):
+    """Pre-LayerNorm transformer block: x += attn(ln(x)); x += mlp(ln(x))."""
+
+    def __init__(self, dim: int, heads: int, dropout_rate: float, rngs: nnx.Rngs):
+        self.norm1, self.norm2 = nnx.LayerNorm(dim, rngs=rngs), nnx.LayerNorm(dim, rngs=rngs)
+        self.qkv = nnx.Linear(dim, 3 * dim, rngs=rngs)
+        self.proj = nnx.Linear(dim, dim, rngs=rngs)
+        self.mlp_in, self.mlp_out = nnx.Linear(dim, 4 * dim, rngs=rngs), nnx.Linear(4 * dim, dim, rngs=rngs)
+        self.heads, self.dropout_rate = heads, dropout_rate
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        """x [B, T, D], positions [B, T], mask [B, T, T] (True: query may attend to key);
+        `key` turns dropout on (training)."""
+        keys = [None] * 3 if key is None else list(jax.random.split(key, 3))
+        batch, length, dim = x.shape
+        q, k, v = jnp.split(self.qkv(self.norm1(x)).reshape(batch, length, 3 * self.heads, dim // self.heads), 3, axis=2)
+        q, k = rope(q, positions), rope(k, positions)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dim // self.heads)
+        scores = jnp.where(mask[:, None], scores, -1e30)
+        attention = dropout(jax.nn.softmax(scores, axis=-1), self.dropout_rate, keys[0])
+        out = jnp.einsum("bhqk,bkhd->bqhd", attention, v).reshape(batch, length, dim)
+        x = x + dropout(self.proj(out), self.dropout_rate, keys[1])
+        return x + dropout(self.mlp_out(jax.nn.gelu(self.mlp_in(self.norm2(x)))), self.dropout_rate, keys[2])
+
+
+def head(dim: int, out: int, rngs: nnx.Rngs) -> nnx.Sequential:
+    """Linear -> GELU -> Linear with a zero-initialised output layer (LightZero's heads)."""
+    return nnx.Sequential(nnx.Linear(dim, dim, rngs=rngs), jax.nn.gelu,
+                          nnx.Linear(dim, out, kernel_init=nnx.initializers.zeros_init(), rngs=rngs))
+
+
+class Encoder(nnx.Module):
+    """obs [..., *obs_shape] -> latent [..., D]: MLP (Linear -> LayerNorm -> GELU, twice)
+    and a final LayerNorm, for vector observations; for images (MinAtar) a 3x3
+    convolution written as patches @ kernel first (docs/ppo.md, detail 13).
+    LightZero uses BatchNorm inside the MLP; LayerNorm avoids batch statistics."""
+
+    def __init__(self, obs_shape: tuple[int, ...], dim: int, rngs: nnx.Rngs):
+        self.image = len(obs_shape) == 3
+        if self.image:
+            height, width, channels = obs_shape
+            self.conv = nnx.Linear(9 * channels, 16, rngs=rngs)
+            features = (height - 2) * (width - 2) * 16
+        else:
+            features = int(np.prod(obs_shape))
+        self.linear1, self.norm1 = nnx.Linear(features, dim, rngs=rngs), nnx.LayerNorm(dim, rngs=rngs)
+        self.linear2, self.norm2 = nnx.Linear(dim, dim, rngs=rngs), nnx.LayerNorm(dim, rngs=rngs)
+        self.out_norm = nnx.LayerNorm(dim, rngs=rngs)
+
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        if self.image:
+            height, width = obs.shape[-3] - 2, obs.shape[-2] - 2
+            patches = jnp.concatenate([obs[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], -1)
+            x = jax.nn.relu(self.conv(patches))
+            x = x.reshape(x.shape[:-3] + (-1,))
+        else:
+            x = obs
+        x = jax.nn.gelu(self.norm1(self.linear1(x)))
+        x = jax.nn.gelu(self.norm2(self.linear2(x)))
+        return self.out_norm(x)
+
+
+class WorldModel(nnx.Module):
+    """UniZero's model: encoder, action embedding, causal transformer, heads.
+
+    Tokens come in (latent, action) pairs; the latent of env timestep t sits at
+    position 2t and its action at 2t + 1. `transformer` runs any token sequence;
+    the heads read the next latent (with LayerNorm) and the reward at action
+    tokens, the policy and the value at latent tokens.
+    """
+
+    def __init__(self, obs_shape, num_actions: int, args: Args, rngs: nnx.Rngs):
+        dim = args.embed_dim
+        self.encoder = Encoder(obs_shape, dim, rngs)
+        self.action_embedding = nnx.Embed(num_actions, dim, rngs=rngs)
+        self.blocks = nnx.List([Block(dim, args.num_heads, args.dropout, rngs) for _ in range(args.num_layers)])
+        self.final_norm = nnx.LayerNorm(dim, rngs=rngs)
+        self.latent_head = head(dim, dim, rngs)
+        self.latent_norm = nnx.LayerNorm(dim, rngs=rngs)
+        self.reward_head = head(dim, args.support_size, rngs)
+        self.policy_head = head(dim, num_actions, rngs)
+        self.value_head = head(dim, args.support_size, rngs)
+
+    def transformer(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array, key=None) -> jax.Array:
+        """tokens [B, T, D], positions [B, T], mask [B, T, T] -> hidden states [B, T, D]."""
+        keys = [None] * len(self.blocks) if key is None else list(jax.random.split(key, len(self.blocks)))
+        for block, block_key in zip(self.blocks, keys):
+            tokens = block(tokens, positions, mask, block_key)
+        return self.final_norm(tokens)
+
+    def next_latent(self, hidden: jax.Array) -> jax.Array:
+        return self.latent_norm(self.latent_head(hidden))
+
+
+class Window(NamedTuple):
+    """A chunk of `num_unroll_steps` steps as the model sees it; leaves [B, K, ...]."""
+
+    obs: jax.Array  # [B, K, *obs_shape]
+    action: jax.Array  # [B, K] int32
+    timestep: jax.Array  # [B, K] env timestep of each step's observation
+    segment: jax.Array  # [B, K] episode index within the chunk (tokens attend within one segment)
+    obs_valid: jax.Array  # [B, K] bool: step k's latent token exists
+    action_valid: jax.Array  # [B, K] bool: step k's action token exists
+
+
+def window_tokens(model: WorldModel, window: Window, latents: jax.Array | None = None):
+    """Interleave a window into 2K tokens [o_0, a_0, ..., o_{K-1}, a_{K-1}] with
+    their positions (2t, 2t + 1) and the attention mask: causal, within one
+    segment (episode), and only among tokens that exist."""
+    latents = model.encoder(window.obs) if latents is None else latents  # [B, K, D]
+    actions = model.action_embedding(window.action)
+    batch, steps, dim = latents.shape
+    tokens = jnp.stack([latents, actions], axis=2).reshape(batch, 2 * steps, dim)
+    positions = jnp.stack([2 * window.timestep, 2 * window.timestep + 1], axis=2).reshape(batch, 2 * steps)
+    valid = jnp.stack([window.obs_valid, window.action_valid], axis=2).reshape(batch, 2 * steps)
+    segment = jnp.repeat(window.segment, 2, axis=1)
+    causal = jnp.tril(jnp.ones((2 * steps, 2 * steps), bool))
+    mask = causal[None] & (segment[:, :, None] == segment[:, None, :]) & valid[:, None, :]
+    mask = mask | jnp.eye(2 * steps, dtype=bool)[None]  # every token attends at least to itself
+    return tokens, positions, mask
+
+
+def forward_window(model: WorldModel, window: Window, key: jax.Array | None = None):
+    """One pass over a window. Returns, per step [B, K, ...]: policy logits and
+    value logits (at latent tokens), next-latent predictions and reward logits
+    (at action tokens). `key` turns dropout on."""
+    tokens, positions, mask = window_tokens(model, window)
+    hidden = model.transformer(tokens, positions, mask, key)
+    at_latent, at_action = hidden[:, 0::2], hidden[:, 1::2]
+    return model.policy_head(at_latent), model.value_head(at_latent), model.next_latent(at_action), model.reward_head(at_action)
+
+
+# --------------------------------------------------------------------------- #
+# Pytrees
+# --------------------------------------------------------------------------- #
+class Transition(NamedTuple):
+    """One collected step; under the rollout scan every field gains [T, N] in front."""
+
+    obs: jax.Array  # [N, *obs_shape]
+    action: jax.Array  # [N]
+    log_prob: jax.Array  # [N] log-prob of `action` under softmax(logits / temperature): what was sampled
+    value: jax.Array  # [N] V(obs) from the value head, same context as the policy
+    next_value: jax.Array  # [N] V of the true next state (final observation), same context rule
+    reward: jax.Array  # [N]
+    terminated: jax.Array  # [N] bool
+    truncated: jax.Array  # [N] bool
+    final_obs: jax.Array  # [N, *obs_shape] info["final_observation"]
+    timestep: jax.Array  # [N] env timestep of obs (0 at an episode start)
+    episode_done: jax.Array  # [N] statistics from common.envs.EpisodeStatistics
+    episode_return: jax.Array  # [N]
+    episode_length: jax.Array  # [N]
+
+
+@struct.dataclass
+class Context:
+    """The current chunk of every env during collection; leaves [N, K, ...]."""
+
+    obs: jax.Array
+    action: jax.Array
+    timestep: jax.Array
+    valid: jax.Array  # [N, K] bool: slot holds a step of this chunk and episode
+
+
+class SearchNode(NamedTuple):
+    """mctx embedding of a search node: the last 2K tokens leading to it, [B, 2K, ...]."""
+
+    tokens: jax.Array  # [B, 2K, D]
+    positions: jax.Array  # [B, 2K]
+    valid: jax.Array  # [B, 2K] bool
+
+
+@struct.dataclass
+class RunnerState:
+    params: nnx.State
+    target_encoder: nnx.State  # EMA of the encoder: latent targets
+    opt_state: optax.OptState
+    env_state: Any
+    obs: jax.Array  # [N, *obs_shape]
+    timestep: jax.Array  # [N] env timestep of obs
+    context: Context
+    key: jax.Array
+    update_step: jax.Array  # []
+
+
+# --------------------------------------------------------------------------- #
+# Algorithm logic (pure functions; the unit tests import these)
+# --------------------------------------------------------------------------- #
+def tempered_log_probs(logits: jax.Array, temperature: float) -> jax.Array:
+    """log softmax(logits / T): the distribution collection samples from, and
+    whose log-probs PPO compares (seed bug 3: sampled at T = 0.25, scored at T = 1)."""
+    return jax.nn.log_softmax(logits / temperature, axis=-1)
+
+
+def compute_gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
+    """GAE over a rollout [T, N] with the value head as baseline (seed bug 1:
+    values were 0), computed over the whole rollout with episode ends cutting
+    the trace (seed bug 5: per-segment padding shifted advantages), and truncated
+    steps bootstrapping from V(final observation) (seed bug 6):
+        delta_t = r_t + gamma (1 - terminated_t) next_values_t - values_t
+        A_t = delta_t + gamma lambda (1 - done_t) A_{t+1}.
+    Returns (advantages, returns = advantages + values)."""
+    chex.assert_equal_shape([rewards, values, next_values, terminated, truncated])
+    deltas = rewards + gamma * (1.0 - terminated.astype(jnp.float32)) * next_values - values
+    continues = 1.0 - (terminated | truncated).astype(jnp.float32)
+
+    def backward(next_advantage, step):
+        delta, cont = step
+        advantage = delta + gamma * gae_lambda * cont * next_advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(backward, jnp.zeros_like(deltas[0]), (deltas, continues), reverse=True)
+    return advantages, advantages + values
+
+
+def ppo_surrogate(new_log_prob, old_log_prob, advantage, clip_coef):
+    """Clipped surrogate loss -E[min(r A, clip(r, 1-eps, 1+eps) A)] and the ratio r."""
+    ratio = jnp.exp(new_log_prob - old_log_prob)
+    loss = -jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef) * advantage)
+    return loss, ratio
+
+
+def cross_entropy(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
+    return -jnp.sum(target_probs * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+
+
+# --------------------------------------------------------------------------- #
+# Training
+# --------------------------------------------------------------------------- #
+class UniZeroPPO(NamedTuple):
+    init: Any  # key -> RunnerState
+    update: Any  # RunnerState -> (RunnerState, metrics)
+    train: Any  # key -> (RunnerState, metrics [num_updates])
+    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes] (pure policy, argmax)
+    evaluate_search: Any  # (RunnerState, key) -> returns [eval_episodes] (Gumbel MuZero search)
+    collect: Any  # RunnerState -> (RunnerState, Transition [T, N])
+    make_windows: Any  # Transition [T, N] (+ advantages, returns) -> training windows
+    loss: Any  # (params, target_encoder, windows, key) -> (loss, metrics)
+    graphdef: Any
+    spec: envs.EnvSpec
+
+
+class Batch(NamedTuple):
+    """Training windows: leaves [W, K, ...]."""
+
+    window: Window
+    log_prob: jax.Array  # [W, K]
+    advantage: jax.Array
+    target_return: jax.Array
+    reward: jax.Array
+    final_obs: jax.Array  # [W, K, *obs_shape]: latent targets
+    value: jax.Array
+
+
+def make_train(args: Args) -> UniZeroPPO:
+    max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
+    spec = envs.spec(*envs.make(args.env_id, **max_steps))
+    if not spec.discrete:
+        raise ValueError(f"{args.env_id} has a continuous action space; UniZero-PPO here needs discrete actions")
+    env, env_params = envs.make(args.env_id, args.num_envs, **max_steps)
+    eval_env, _ = envs.make(args.env_id, args.eval_episodes, **max_steps)
+    K, N, T = args.num_unroll_steps, args.num_envs, args.num_steps
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(0))))
+
+    def model(params) -> WorldModel:
+        return nnx.merge(graphdef, params)
+
+    # AdamW with weight decay on matrices only (LightZero's configure_optimizers).
+    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(args.max_grad_norm),
+        optax.adamw(args.learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask),
+    )
+
+    def empty_context(n):
+        return Context(obs=jnp.zeros((n, K) + spec.obs_shape), action=jnp.zeros((n, K), jnp.int32),
+                       timestep=jnp.zeros((n, K), jnp.int32), valid=jnp.zeros((n, K), bool))
+
+    def init(key: jax.Array) -> RunnerState:
+        key, model_key, env_key = jax.random.split(key, 3)
+        params = nnx.split(WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(model_key)))[1]
+        obs, env_state = env.reset(env_key, env_params)
+        return RunnerState(
+            params=params, target_encoder=params["encoder"], opt_state=optimizer.init(params), env_state=env_state,
+            obs=obs, timestep=jnp.zeros(N, jnp.int32), context=empty_context(N), key=key,
+            update_step=jnp.int32(0),
+        )
+
+    def policy_at(params, context: Context, slot: jax.Array):
+        """Policy logits [n, A] and value [n] at chunk slot `slot`, from the
+        tokens of this chunk so far (latents up to the slot, actions before it)."""
+        window = Window(context.obs, context.action, context.timestep, jnp.zeros_like(context.timestep),
+                        context.valid, context.valid & (jnp.arange(K) < slot))
+        logits, value_logits, _, _ = forward_window(model(params), window)
+        return logits[:, slot], logits_to_scalar(value_logits[:, slot])
+
+    def place(context: Context, slot, obs, timestep) -> Context:
+        """Write an observation into slot `slot` of every env's chunk."""
+        at = jnp.arange(K) == slot
+        return context.replace(
+            obs=jnp.where(at.reshape((1, K) + (1,) * len(spec.obs_shape)), obs[:, None], context.obs),
+            timestep=jnp.where(at[None], timestep[:, None], context.timestep),
+            valid=context.valid | at[None],
+        )
+
+    def collect_step(carry, step_index):
+        """One env step with the pure policy (no search)."""
+        state, params = carry
+        slot = step_index % K
+        key, action_key, step_key = jax.random.split(state.key, 3)
+        context = place(state.context, slot, state.obs, state.timestep)
+        logits, value = policy_at(params, context, slot)
+        log_probs = tempered_log_probs(logits, args.temperature)
+        action = jax.random.categorical(action_key, log_probs)
+        next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, state.env_state, action, env_params)
+        context = context.replace(action=jnp.where((jnp.arange(K) == slot)[None], action[:, None], context.action))
+
+        # V of the true next state under the policy's own context rule: the same
+        # chunk if it goes on, a fresh chunk if this step ended it.
+        next_slot = (slot + 1) % K
+        base = jax.tree.map(lambda c, e: jnp.where(next_slot == 0, e, c), context, empty_context(N))
+        _, next_value = policy_at(params, place(base, next_slot, info["final_observation"], state.timestep + 1), next_slot)
+
+        done = terminated | truncated
+        fresh = done[:, None] | (next_slot == 0)
+        next_context = context.replace(valid=context.valid & ~fresh)
+        transition = Transition(
+            obs=state.obs, action=action, log_prob=jnp.take_along_axis(log_probs, action[:, None], 1)[:, 0],
+            value=value, next_value=next_value, reward=reward, terminated=terminated, truncated=truncated,
+            final_obs=info["final_observation"], timestep=state.timestep, episode_done=info["episode_done"],
+            episode_return=info["episode_return"], episode_length=info["episode_length"],
+        )
+        state = state.replace(env_state=env_state, obs=next_obs, timestep=jnp.where(done, 0, state.timestep + 1),
+                              context=next_context, key=key)
+        return (state, params), transition
+
+    def collect(state: RunnerState):
+        """num_steps steps of num_envs envs -> Transition [T, N]; the rollout
+        starts on a chunk boundary (num_steps is a multiple of K)."""
+        (state, _), traj = jax.lax.scan(collect_step, (state, state.params), jnp.arange(T))
+        return state, traj
+
+    def make_windows(traj: Transition, advantages, returns) -> Batch:
+        """Cut the rollout [T, N] into its aligned chunks: [N * T / K, K] windows.
+        A window's segments are the episodes within it (a step with timestep 0
+        starts a new one), exactly the contexts the policy acted with."""
+        to_windows = lambda x: jnp.swapaxes(x, 0, 1).reshape((N * T // K, K) + x.shape[2:])
+        starts = to_windows(traj.timestep == 0)
+        segment = jnp.cumsum(starts.astype(jnp.int32), axis=1)
+        ones = jnp.ones(starts.shape, bool)
+        window = Window(to_windows(traj.obs), to_windows(traj.action), to_windows(traj.timestep), segment, ones, ones)
+        return Batch(window, to_windows(traj.log_prob), to_windows(advantages), to_windows(returns),
+                     to_windows(traj.reward), to_windows(traj.final_obs), to_windows(traj.value))
+
+    def loss_fn(params, target_encoder, batch: Batch, key):
+        """The world-model losses and the PPO terms on windows [B, K]."""
+        world = model(params)
+        logits, value_logits, next_latents, reward_logits = forward_window(world, batch.window, key if args.dropout > 0 else None)
+        target_latents = jax.lax.stop_gradient(nnx.merge(nnx.graphdef(world.encoder), target_encoder)(batch.final_obs))
+        latent_loss = jnp.mean(jnp.square(next_latents - target_latents))
+        reward_loss = jnp.mean(cross_entropy(reward_logits, scalar_to_probs(batch.reward, args.support_size)))
+        value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(batch.target_return, args.support_size)))
+        log_probs = tempered_log_probs(logits, args.temperature)
+        new_log_prob = jnp.take_along_axis(log_probs, batch.window.action[..., None], -1)[..., 0]
+        advantage = batch.advantage
+        if args.norm_adv:
+            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        surrogate, ratio = ppo_surrogate(new_log_prob, batch.log_prob, advantage, args.clip_coef)
+        policy_loss = surrogate.mean()
+        entropy = -jnp.mean(jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1))
+        total = (args.latent_coef * latent_loss + args.reward_coef * reward_loss + args.policy_coef * policy_loss
+                 + args.value_coef * value_loss - args.ent_coef * entropy)
+        log_ratio = new_log_prob - batch.log_prob
+        return total, {
+            "loss": total, "latent_loss": latent_loss, "reward_loss": reward_loss, "policy_loss": policy_loss,
+            "value_loss": value_loss, "entropy": entropy, "ratio_mean": ratio.mean(), "ratio_max": ratio.max(),
+            "ratio_max_deviation": jnp.abs(ratio - 1.0).max(),
+            "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
+            "clip_fraction": jnp.mean(jnp.abs(ratio - 1.0) > args.clip_coef),
+        }
+
+    def update(state: RunnerState):
+        """One phase: collect num_steps x num_envs steps, GAE, then
+        replay_ratio x new-transitions gradient steps on windows drawn from this
+        phase's data only (then it is discarded: the buffer is cleared)."""
+        state, traj = collect(state)
+        advantages, returns = compute_gae(traj.reward, traj.value, traj.next_value, traj.terminated, traj.truncated,
+                                          args.gamma, args.gae_lambda)
+        batch = make_windows(traj, advantages, returns)
+        num_windows = N * T // K
+
+        def gradient_step(carry, key):
+            params, target_encoder, opt_state, stopped = carry
+            index_key, dropout_key = jax.random.split(key)
+            indices = jax.random.randint(index_key, (args.batch_size,), 0, num_windows)
+            minibatch = jax.tree.map(lambda x: x[indices], batch)
+            grads, stats = jax.grad(loss_fn, has_aux=True)(params, target_encoder, minibatch, dropout_key)
+            updates, new_opt_state = optimizer.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            new_target = jax.tree.map(lambda t, p: (1 - args.target_update_rate) * t + args.target_update_rate * p,
+                                      target_encoder, new_params["encoder"])
+            keep = ~stopped
+            params, opt_state, target_encoder = jax.tree.map(
+                lambda n, o: jnp.where(keep, n, o), (new_params, new_opt_state, new_target), (params, opt_state, target_encoder)
+            )
+            if args.target_kl > 0:
+                stopped = stopped | (stats["approx_kl"] > args.target_kl)
+            return (params, target_encoder, opt_state, stopped), (stats, keep)
+
+        key, update_key = jax.random.split(state.key)
+        (params, target_encoder, opt_state, _), (stats, executed) = jax.lax.scan(
+            gradient_step, (state.params, state.target_encoder, state.opt_state, jnp.bool_(False)),
+            jax.random.split(update_key, args.gradient_steps),
+        )
+        weights = executed.astype(jnp.float32)
+        # On the phase's first batch the policy is the one that collected: |ratio - 1| ~ 0 (seed bug 4).
+        first_deviation = stats.pop("ratio_max_deviation")[0]
+        stats = jax.tree.map(lambda x: jnp.sum(x * weights) / weights.sum(), stats)
+        state = state.replace(params=params, target_encoder=target_encoder, opt_state=opt_state, key=key,
+                              update_step=state.update_step + 1)
+        done = traj.episode_done
+        values, explained = batch.value.reshape(-1), batch.target_return.reshape(-1)
+        metrics = {
+            **envs.episode_metrics({"episode_done": done, "episode_return": traj.episode_return,
+                                    "episode_length": traj.episode_length}),
+            **stats,
+            "first_ratio_max_deviation": first_deviation,
+            "gradient_steps_run": weights.sum(),
+            "advantage_mean": advantages.mean(), "advantage_std": advantages.std(),
+            "return_mean": returns.mean(), "return_std": returns.std(),
+            "explained_variance": 1.0 - jnp.var(explained - values) / (jnp.var(explained) + 1e-8),
+        }
+        return state, metrics
+
+    def train(key: jax.Array):
+        return jax.lax.scan(lambda s, _: update(s), init(key), None, args.num_updates)
+
+    def play(state: RunnerState, key: jax.Array, choose) -> jax.Array:
+        """One episode per eval env; `choose(context, slot, key) -> actions`
+        acts with the chunked context of collection."""
+        reset_key, key = jax.random.split(key)
+        obs, env_state = eval_env.reset(reset_key, env_params)
+        E = args.eval_episodes
+
+        def body(carry):
+            obs, env_state, timestep, context, step_index, key, finished, returns = carry
+            key, step_key, choose_key = jax.random.split(key, 3)
+            slot = step_index % K
+            context = place(context, slot, obs, timestep)
+            action = choose(context, slot, choose_key)
+            context = context.replace(action=jnp.where((jnp.arange(K) == slot)[None], action[:, None], context.action))
+            obs, env_state, _, terminated, truncated, info = eval_env.step(step_key, env_state, action, env_params)
+            done = terminated | truncated
+            fresh = done[:, None] | ((slot + 1) % K == 0)
+            context = context.replace(valid=context.valid & ~fresh)
+            newly = info["episode_done"] & ~finished
+            returns = jnp.where(newly, info["episode_return"], returns)
+            return (obs, env_state, jnp.where(done, 0, timestep + 1), context, step_index + 1, key, finished | newly, returns)
+
+        def keep_going(carry):
+            return ~jnp.all(carry[6]) & (carry[4] < spec.max_episode_steps + 1)
+
+        carry = (obs, env_state, jnp.zeros(E, jnp.int32), empty_context(E), 0, key, jnp.zeros(E, bool), jnp.zeros(E))
+        return jax.lax.while_loop(keep_going, body, carry)[7]
+
+    def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
+        """Pure policy, argmax, no search (the seed's eval_with_pure_policy)."""
+        return play(state, key, lambda context, slot, _: jnp.argmax(policy_at(state.params, context, slot)[0], -1))
+
+    # ---- Optional evaluation with search (mctx) on the trained model ---------------------
+    W = 2 * K  # tokens of context the search carries (the longest context training shows)
+
+    def run_tokens(world: WorldModel, node: SearchNode) -> jax.Array:
+        """Hidden state of the last token of a node's token window [B, D]."""
+        causal = jnp.tril(jnp.ones((W, W), bool))
+        mask = (causal[None] & node.valid[:, None, :]) | jnp.eye(W, dtype=bool)[None]
+        return world.transformer(node.tokens, node.positions, mask)[:, -1]
+
+    def push(node: SearchNode, token, position) -> SearchNode:
+        return SearchNode(jnp.concatenate([node.tokens[:, 1:], token[:, None]], 1),
+                          jnp.concatenate([node.positions[:, 1:], position[:, None]], 1),
+                          jnp.concatenate([node.valid[:, 1:], jnp.ones_like(node.valid[:, :1])], 1))
+
+    def recurrent_fn(params, _key, action, node: SearchNode):
+        """Append the action token: its hidden state predicts the reward and the
+        next latent; append that latent: its hidden state gives policy and value."""
+        world = model(params)
+        node = push(node, world.action_embedding(action), node.positions[:, -1] + 1)
+        at_action = run_tokens(world, node)
+        latent = world.next_latent(at_action)
+        node = push(node, latent, node.positions[:, -1] + 1)
+        at_latent = run_tokens(world, node)
+        output = mctx.RecurrentFnOutput(
+            reward=logits_to_scalar(world.reward_head(at_action)),
+            discount=jnp.full(action.shape, args.search_discount),
+            prior_logits=world.policy_head(at_latent),
+            value=logits_to_scalar(world.value_head(at_latent)),
+        )
+        return output, node
+
+    def root_from_context(params, context: Context, slot):
+        """The real chunk so far as the root's token window (left-padded to W)."""
+        world = model(params)
+        window = Window(context.obs, context.action, context.timestep, jnp.zeros_like(context.timestep),
+                        context.valid, context.valid & (jnp.arange(K) < slot))
+        tokens, positions, _ = window_tokens(world, window)
+        valid = jnp.stack([window.obs_valid, window.action_valid], 2).reshape(tokens.shape[0], W)
+        # Move the tokens up to and including the current latent (index 2 slot) to the end.
+        shift = W - 1 - 2 * slot
+        roll = lambda x: jnp.roll(x, shift, axis=1)
+        keep = jnp.arange(W) >= shift
+        node = SearchNode(roll(tokens), roll(positions), roll(valid) & keep[None])
+        hidden = run_tokens(world, node)
+        return mctx.RootFnOutput(prior_logits=world.policy_head(hidden), value=logits_to_scalar(world.value_head(hidden)),
+                                 embedding=node)
+
+    def evaluate_search(state: RunnerState, key: jax.Array) -> jax.Array:
+        """Gumbel MuZero search (mctx) with `eval_search` simulations, greedy
+        (no Gumbel noise), on the same chunked contexts."""
+
+        def choose(context, slot, key):
+            root = root_from_context(state.params, context, slot)
+            out = mctx.gumbel_muzero_policy(state.params, key, root, recurrent_fn, num_simulations=args.eval_search,
+                                            gumbel_scale=0.0)
+            return out.action
+
+        return play(state, key, choose)
+
+    return UniZeroPPO(init, update, train, evaluate, evaluate_search, collect, make_windows, loss_fn, graphdef, spec)
+
+
+# --------------------------------------------------------------------------- #
+# Host loop
+# --------------------------------------------------------------------------- #
+def main(args: Args) -> runner.RunResult:
+    """Train `num_seeds` seeds in chunks of `log_every` phases (common/runner.py),
+    then evaluate the pure policy greedily and, with --eval-search, with search."""
+    args = cli.resolve_resume(args)
+    cli.configure_jax(args.compile_cache)
+    algo = make_train(args)
+    result = runner.run(args, algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
+                        steps_per_update=args.batch_steps)
+    if args.eval_search:
+        seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
+        evaluate = jax.jit(jax.vmap(lambda s, seed: algo.evaluate_search(s, jax.random.fold_in(jax.random.key(seed), 1))))
+        returns = np.asarray(evaluate(result.state, seeds))
+        print(f"with {args.eval_search}-simulation Gumbel search: {returns.mean():.2f} +- {returns.std():.2f} "
+              f"(pure policy: {result.eval_returns.mean():.2f})", flush=True)
+        (Path(result.run_dir) / "eval_search.json").write_text(json.dumps(
+            {"num_simulations": args.eval_search, "returns": returns.tolist(), "mean": float(returns.mean())}, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    with cli.user_errors():
+        main(cli.parse(Args, "unizero_ppo"))

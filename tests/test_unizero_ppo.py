@@ -1,0 +1,249 @@
+"""algos/unizero_ppo.py: transforms, the transformer's masks, the six bugs of
+seed 000 (each pinned by a regression test), and the end-to-end run."""
+
+import dataclasses
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from algos import unizero_ppo as uz
+from common import cli
+from conftest import ROOT, assert_killed_run_resumes_exactly
+
+
+def tiny(tmp_path=None, **overrides) -> uz.Args:
+    args = cli.preset_args(uz.Args, "unizero_ppo", "tiny")
+    return dataclasses.replace(args, run_root=str(tmp_path or "/tmp"), **overrides)
+
+
+# ----------------------------------------------------------------- transforms
+def test_h_transform_round_trip_and_two_hot():
+    x = jnp.array([-300.0, -7.5, -1.0, 0.0, 0.3, 1.0, 42.0, 333.0])
+    np.testing.assert_allclose(uz.h_inverse(uz.h_transform(x)), x, rtol=1e-4, atol=1e-4)
+    y = jnp.array([-3.7, 0.0, 2.25, 10.0])
+    probs = uz.two_hot(y, 101)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(probs @ jnp.arange(-50, 51, dtype=jnp.float32), y, atol=1e-5)
+    assert int((probs > 0).sum(-1).max()) <= 2
+    # The scalar decoded from a (near) two-hot distribution is the original scalar.
+    np.testing.assert_allclose(uz.logits_to_scalar(jnp.log(uz.scalar_to_probs(x, 101) + 1e-12)), x, rtol=1e-3, atol=1e-3)
+
+
+# ------------------------------------------------------------ model and masks
+def random_model(args, spec, key=0):
+    """A model whose zero-initialised heads are replaced by random weights, so
+    policies and values are not trivially uniform and zero."""
+    model = uz.WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(key))
+    graphdef, params = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(key + 1), len(leaves))
+    leaves = [x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+    return graphdef, jax.tree.unflatten(treedef, leaves)
+
+
+def window(args, spec, seed=0, batch=3):
+    K = args.num_unroll_steps
+    obs = jax.random.normal(jax.random.key(seed), (batch, K) + spec.obs_shape)
+    action = jax.random.randint(jax.random.key(seed + 1), (batch, K), 0, spec.num_actions)
+    timestep = jnp.broadcast_to(jnp.arange(K) + 3, (batch, K))
+    ones = jnp.ones((batch, K), bool)
+    return uz.Window(obs, action, timestep, jnp.zeros((batch, K), jnp.int32), ones, ones)
+
+
+def test_causal_mask_later_tokens_never_change_earlier_outputs():
+    args = tiny()
+    algo = uz.make_train(args)
+    graphdef, params = random_model(args, algo.spec)
+    model = nnx.merge(graphdef, params)
+    w = window(args, algo.spec)
+    out = uz.forward_window(model, w)
+    j = 3
+    changed = w._replace(obs=w.obs.at[:, j].add(1.0), action=w.action.at[:, j].set((w.action[:, j] + 1) % 2))
+    out2 = uz.forward_window(model, changed)
+    for a, b in zip(out, out2):
+        np.testing.assert_allclose(a[:, :j], b[:, :j], atol=1e-5)  # steps before j: unchanged
+    assert not np.allclose(out[0][:, j], out2[0][:, j])  # step j's latent changed: its policy moves
+
+
+def test_tokens_of_another_episode_are_invisible():
+    args = tiny()
+    algo = uz.make_train(args)
+    graphdef, params = random_model(args, algo.spec)
+    model = nnx.merge(graphdef, params)
+    w = window(args, algo.spec)
+    split = w._replace(segment=jnp.broadcast_to(jnp.array([0, 0, 1, 1, 1]), w.segment.shape))
+    alone = w._replace(obs_valid=w.obs_valid.at[:, :2].set(False), action_valid=w.action_valid.at[:, :2].set(False))
+    a, b = uz.forward_window(model, split), uz.forward_window(model, alone)
+    np.testing.assert_allclose(a[0][:, 2:], b[0][:, 2:], atol=1e-5)  # steps 2-4 see only their own episode
+
+
+# --------------------------------------------------------- the seed's six bugs
+def gae_loop(rewards, values, next_values, terminated, truncated, gamma, lam):
+    T, N = rewards.shape
+    advantages = np.zeros((T, N))
+    for n in range(N):
+        running = 0.0
+        for t in reversed(range(T)):
+            if terminated[t, n] or truncated[t, n]:
+                running = 0.0
+            bootstrap = 0.0 if terminated[t, n] else next_values[t, n]
+            delta = rewards[t, n] + gamma * bootstrap - values[t, n]
+            running = delta + gamma * lam * running
+            advantages[t, n] = running
+    return advantages
+
+
+def test_bug1_gae_uses_the_value_head_as_baseline():
+    """Seed bug 1: the stored root value was 0, so A = G. Here A is the GAE of
+    the value head's predictions, matched against a loop."""
+    rng = np.random.default_rng(0)
+    T, N = 120, 3
+    rewards = np.ones((T, N), np.float32)
+    values = rng.uniform(5, 20, (T, N)).astype(np.float32)
+    next_values = np.roll(values, -1, axis=0)
+    terminated = np.zeros((T, N), bool)
+    terminated[70, 0] = True
+    truncated = np.zeros((T, N), bool)
+    truncated[99, 1] = True
+    adv, returns = uz.compute_gae(*map(jnp.asarray, (rewards, values, next_values, terminated, truncated)), 0.99, 0.95)
+    expected = gae_loop(rewards, values, next_values, terminated, truncated, 0.99, 0.95)
+    np.testing.assert_allclose(adv, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(returns, expected + values, rtol=1e-4, atol=1e-4)
+    zero_baseline, _ = uz.compute_gae(*map(jnp.asarray, (rewards, 0 * values, 0 * next_values, terminated, truncated)), 0.99, 0.95)
+    assert not np.allclose(adv, zero_baseline)
+
+
+@pytest.fixture(scope="module")
+def fresh_phase():
+    """A collected rollout of a randomly initialised model, its GAE and windows."""
+    args = tiny(num_envs=3, num_steps=40, max_episode_steps=8)  # short: truncations happen
+    algo = uz.make_train(args)
+    state = algo.init(jax.random.key(0))
+    graphdef, params = random_model(args, algo.spec, key=3)
+    state = state.replace(params=params, target_encoder=params["encoder"])
+    state, traj = jax.jit(algo.collect)(state)
+    adv, returns = uz.compute_gae(traj.reward, traj.value, traj.next_value, traj.terminated, traj.truncated,
+                                  args.gamma, args.gae_lambda)
+    batch = algo.make_windows(traj, adv, returns)
+    return args, algo, state, traj, adv, batch
+
+
+def test_bug2_entropy_bonus_reaches_the_gradient(fresh_phase):
+    """Seed bug 2: entropy_coef was configured but the loss was rebuilt without it."""
+    args, algo, state, _, _, batch = fresh_phase
+    grads = {}
+    for coef in (0.0, 0.5):
+        loss = uz.make_train(dataclasses.replace(args, ent_coef=coef)).loss
+        grads[coef] = jax.grad(lambda p: loss(p, state.target_encoder, batch, jax.random.key(0))[0])(state.params)
+    policy_grad = lambda g: np.asarray(g["policy_head"]["layers"][2]["kernel"][...])
+    assert not np.allclose(policy_grad(grads[0.0]), policy_grad(grads[0.5]))
+    np.testing.assert_allclose(np.asarray(grads[0.0]["reward_head"]["layers"][2]["kernel"][...]),
+                               np.asarray(grads[0.5]["reward_head"]["layers"][2]["kernel"][...]), atol=1e-7)
+
+
+def test_bug3_stored_log_prob_is_of_the_tempered_distribution(fresh_phase):
+    """Seed bug 3: actions sampled at T = 0.25 but log-probs taken at T = 1."""
+    args, algo, state, traj, _, batch = fresh_phase
+    model = nnx.merge(algo.graphdef, state.params)
+    logits = uz.forward_window(model, batch.window)[0]
+    action = batch.window.action[..., None]
+    tempered = jnp.take_along_axis(jax.nn.log_softmax(logits / args.temperature), action, -1)[..., 0]
+    untempered = jnp.take_along_axis(jax.nn.log_softmax(logits), action, -1)[..., 0]
+    np.testing.assert_allclose(batch.log_prob, tempered, atol=1e-5)
+    assert np.abs(np.asarray(batch.log_prob - untempered)).max() > 1e-2
+
+
+def test_bug4_first_ppo_ratio_is_one(fresh_phase):
+    """Seed bug 4: collection used up to ~3 steps of earlier history while
+    training windows started without it, so the ratio was not 1 before any
+    update. With one chunk rule for both, every ratio of the fresh data is 1."""
+    args, algo, state, _, _, batch = fresh_phase
+    _, stats = algo.loss(state.params, state.target_encoder, batch, jax.random.key(0))
+    assert float(stats["ratio_max_deviation"]) < 1e-5
+    assert float(stats["clip_fraction"]) == 0.0
+
+
+def test_bug5_windows_carry_the_rollout_advantages_in_order(fresh_phase):
+    """Seed bug 5: padding at segment cuts shifted advantages against steps.
+    Windows are aligned chunks of the rollout and keep each step's advantage,
+    action and observation together, across episodes longer than a window."""
+    args, algo, state, traj, adv, batch = fresh_phase
+    K, N, T = args.num_unroll_steps, args.num_envs, args.num_steps
+    back = lambda x: jnp.swapaxes(x.reshape((N, T) + x.shape[2:]), 0, 1)
+    np.testing.assert_array_equal(back(batch.advantage), adv)
+    np.testing.assert_array_equal(back(batch.window.action), traj.action)
+    np.testing.assert_array_equal(back(batch.window.obs), traj.obs)
+
+
+def test_bug6_truncation_bootstraps_from_the_final_observation(fresh_phase):
+    """Seed bug 6: a time limit was treated as termination (next value 0)."""
+    args, algo, state, traj, _, _ = fresh_phase
+    truncated = np.asarray(traj.truncated & ~traj.terminated)  # time limit reached, pole still up
+    assert truncated.any()
+    assert np.abs(np.asarray(traj.next_value)[truncated]).min() > 1e-3  # V(final obs), not 0
+    # Inside a chunk, the next value of a step that did not end is the next step's value.
+    K = args.num_unroll_steps
+    same_chunk = (np.arange(args.num_steps - 1) % K != K - 1)[:, None] & ~np.asarray(traj.truncated[:-1] | traj.terminated[:-1])
+    np.testing.assert_allclose(np.asarray(traj.next_value[:-1])[same_chunk], np.asarray(traj.value[1:])[same_chunk], atol=1e-5)
+    r = jnp.array([[1.0]])
+    v, nv = jnp.array([[0.5]]), jnp.array([[10.0]])
+    trunc_adv, _ = uz.compute_gae(r, v, nv, jnp.array([[False]]), jnp.array([[True]]), 0.9, 0.95)
+    term_adv, _ = uz.compute_gae(r, v, nv, jnp.array([[True]]), jnp.array([[False]]), 0.9, 0.95)
+    assert float(trunc_adv[0, 0]) == pytest.approx(1 + 0.9 * 10 - 0.5) and float(term_adv[0, 0]) == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    args = tiny(tmp_path_factory.mktemp("runs"), num_seeds=2)
+    return args, uz.main(args)
+
+
+def test_smoke_two_seeds(tiny_run):
+    args, result = tiny_run
+    assert result.chunk_traces == 1
+    for name in ("loss", "latent_loss", "reward_loss", "policy_loss", "value_loss", "entropy", "approx_kl",
+                 "clip_fraction", "explained_variance", "first_ratio_max_deviation"):
+        assert result.metrics[name].shape == (2, args.num_updates) and np.isfinite(result.metrics[name]).all(), name
+    assert (result.metrics["first_ratio_max_deviation"] < 1e-5).all()
+    assert result.eval_returns.shape == (2, args.eval_episodes)
+
+
+def test_same_seed_gives_identical_metrics(tiny_run, tmp_path):
+    args, first = tiny_run
+    second = uz.main(dataclasses.replace(args, run_root=str(tmp_path)))
+    for name in ("loss", "policy_loss", "episode_return"):
+        np.testing.assert_array_equal(first.metrics[name], second.metrics[name], err_msg=name)
+
+
+def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch):
+    # 5 updates, chunks of 2, a checkpoint every 2: dies logging update 4, before its checkpoint
+    assert_killed_run_resumes_exactly(uz, tiny(tmp_path), 4, 2, monkeypatch)
+
+
+def test_search_evaluation_runs_with_mctx(tmp_path):
+    args = tiny(tmp_path, eval_search=4)
+    algo = uz.make_train(args)
+    state = jax.jit(algo.init)(jax.random.key(0))
+    returns = jax.jit(algo.evaluate_search)(state, jax.random.key(1))
+    assert returns.shape == (args.eval_episodes,) and (np.asarray(returns) > 0).all()
+
+
+def test_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="num_steps=12 must be a multiple of num_unroll_steps=5"):
+        uz.Args(num_steps=12)
+    with pytest.raises(ValueError, match="continuous action space"):
+        uz.make_train(tiny(tmp_path, env_id="Pendulum-v1"))
+
+
+def test_cli_tiny_run(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "algos" / "unizero_ppo.py"), "--preset", "tiny", "--run-root",
+                          str(tmp_path), "--no-compile-cache", "--eval-search", "2"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "greedy evaluation" in out.stdout and "Gumbel search" in out.stdout
