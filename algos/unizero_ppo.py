@@ -365,6 +365,34 @@ def forward_window(model: WorldModel, window: Window, key: jax.Array | None = No
     return model.policy_head(at_latent), model.value_head(at_latent), model.next_latent(at_action), model.reward_head(at_action)
 
 
+def last_hidden(model: WorldModel, node: "SearchNode") -> jax.Array:
+    """Hidden state [B, D] of the last token of a token window (causal, valid tokens only)."""
+    width = node.tokens.shape[1]
+    mask = (jnp.tril(jnp.ones((width, width), bool))[None] & node.valid[:, None, :]) | jnp.eye(width, dtype=bool)[None]
+    return model.transformer(node.tokens, node.positions, mask)[:, -1]
+
+
+def push_token(node: "SearchNode", token: jax.Array, position: jax.Array) -> "SearchNode":
+    """Append a token [B, D] at `position` [B], dropping the oldest (a FIFO of fixed width)."""
+    return SearchNode(jnp.concatenate([node.tokens[:, 1:], token[:, None]], 1),
+                      jnp.concatenate([node.positions[:, 1:], position[:, None]], 1),
+                      jnp.concatenate([node.valid[:, 1:], jnp.ones_like(node.valid[:, :1])], 1))
+
+
+def imagine_step(model: WorldModel, node: "SearchNode", action: jax.Array):
+    """One step inside the model: append the action token, whose hidden state
+    predicts the reward and the next latent; append that latent, whose hidden
+    state gives the policy and the value. Returns
+    (node, reward [B], latent [B, D], policy logits [B, A], value [B])."""
+    node = push_token(node, model.action_embedding(action), node.positions[:, -1] + 1)
+    at_action = last_hidden(model, node)
+    latent = model.next_latent(at_action)
+    node = push_token(node, latent, node.positions[:, -1] + 1)
+    at_latent = last_hidden(model, node)
+    return (node, logits_to_scalar(model.reward_head(at_action)), latent, model.policy_head(at_latent),
+            logits_to_scalar(model.value_head(at_latent)))
+
+
 # --------------------------------------------------------------------------- #
 # Pytrees
 # --------------------------------------------------------------------------- #
@@ -704,33 +732,11 @@ def make_train(args: Args) -> UniZeroPPO:
     # ---- Optional evaluation with search (mctx) on the trained model ---------------------
     W = 2 * K  # tokens of context the search carries (the longest context training shows)
 
-    def run_tokens(world: WorldModel, node: SearchNode) -> jax.Array:
-        """Hidden state of the last token of a node's token window [B, D]."""
-        causal = jnp.tril(jnp.ones((W, W), bool))
-        mask = (causal[None] & node.valid[:, None, :]) | jnp.eye(W, dtype=bool)[None]
-        return world.transformer(node.tokens, node.positions, mask)[:, -1]
-
-    def push(node: SearchNode, token, position) -> SearchNode:
-        return SearchNode(jnp.concatenate([node.tokens[:, 1:], token[:, None]], 1),
-                          jnp.concatenate([node.positions[:, 1:], position[:, None]], 1),
-                          jnp.concatenate([node.valid[:, 1:], jnp.ones_like(node.valid[:, :1])], 1))
-
     def recurrent_fn(params, _key, action, node: SearchNode):
-        """Append the action token: its hidden state predicts the reward and the
-        next latent; append that latent: its hidden state gives policy and value."""
-        world = model(params)
-        node = push(node, world.action_embedding(action), node.positions[:, -1] + 1)
-        at_action = run_tokens(world, node)
-        latent = world.next_latent(at_action)
-        node = push(node, latent, node.positions[:, -1] + 1)
-        at_latent = run_tokens(world, node)
-        output = mctx.RecurrentFnOutput(
-            reward=logits_to_scalar(world.reward_head(at_action)),
-            discount=jnp.full(action.shape, args.search_discount),
-            prior_logits=world.policy_head(at_latent),
-            value=logits_to_scalar(world.value_head(at_latent)),
-        )
-        return output, node
+        """mctx dynamics: one imagined step from every node of the batch."""
+        node, reward, _, prior_logits, value = imagine_step(model(params), node, action)
+        return mctx.RecurrentFnOutput(reward=reward, discount=jnp.full(action.shape, args.search_discount),
+                                      prior_logits=prior_logits, value=value), node
 
     def root_from_context(params, context: Context, slot):
         """The real chunk so far as the root's token window (left-padded to W)."""
@@ -744,7 +750,7 @@ def make_train(args: Args) -> UniZeroPPO:
         roll = lambda x: jnp.roll(x, shift, axis=1)
         keep = jnp.arange(W) >= shift
         node = SearchNode(roll(tokens), roll(positions), roll(valid) & keep[None])
-        hidden = run_tokens(world, node)
+        hidden = last_hidden(world, node)
         return mctx.RootFnOutput(prior_logits=world.policy_head(hidden), value=logits_to_scalar(world.value_head(hidden)),
                                  embedding=node)
 
