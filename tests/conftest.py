@@ -20,8 +20,9 @@ class Killed(Exception):
     """Raised from inside a run to simulate the process dying."""
 
 
-def assert_killed_run_resumes_exactly(module, args, kill_after_update: int, checkpoint_update: int, monkeypatch):
-    """Run `args` to the end; run it again but die right after logging update
+def assert_killed_run_resumes_exactly(module, args, kill_after_update: int, checkpoint_update: int, monkeypatch,
+                                      full=None):
+    """Run `args` to the end (or take `full`, the result of such a run); run it again but die right after logging update
     `kill_after_update` (after the checkpoint at `checkpoint_update`, before the
     next); resume from that run directory; the resumed run must end with a
     bit-identical runner state (parameters, optimizer, env states, replay, keys)
@@ -33,7 +34,7 @@ def assert_killed_run_resumes_exactly(module, args, kill_after_update: int, chec
 
     from common import checkpoint, logger
 
-    full = module.main(args)
+    full = module.main(args) if full is None else full
     original_log = logger.Run.log
 
     def log_then_die(self, update, global_step, metrics):

@@ -40,9 +40,10 @@ def test_same_seed_gives_identical_metrics(tiny_run, tmp_path):
         np.testing.assert_array_equal(first.metrics[name], second.metrics[name], err_msg=name)
 
 
-def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch):
+def test_killed_and_resumed_run_matches_uninterrupted(tiny_run, tmp_path, monkeypatch):
     # 6 updates, chunks of 2, a checkpoint every 4
-    assert_killed_run_resumes_exactly(mpo, tiny(tmp_path), 6, 4, monkeypatch)
+    args, full = tiny_run
+    assert_killed_run_resumes_exactly(mpo, dataclasses.replace(args, run_root=str(tmp_path)), 6, 4, monkeypatch, full)
 
 
 def learner_and_windows(args, reward=0.0):

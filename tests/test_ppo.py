@@ -65,9 +65,10 @@ def test_same_seed_gives_identical_metrics(two_seed_run, tmp_path):
     np.testing.assert_allclose(alone.metrics["policy_loss"][0], first.metrics["policy_loss"][1], rtol=1e-5, atol=1e-7)
 
 
-def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch):
+def test_killed_and_resumed_run_matches_uninterrupted(two_seed_run, tmp_path, monkeypatch):
     # 16 updates, chunks of 4, a checkpoint every 8
-    assert_killed_run_resumes_exactly(ppo, tiny(tmp_path), 12, 8, monkeypatch)
+    args, full = two_seed_run
+    assert_killed_run_resumes_exactly(ppo, dataclasses.replace(args, run_root=str(tmp_path)), 12, 8, monkeypatch, full)
 
 
 def test_resume_of_a_missing_directory_is_a_clear_error(tmp_path):

@@ -73,9 +73,10 @@ def test_same_seed_gives_identical_metrics(tiny_run, tmp_path):
         np.testing.assert_array_equal(first.metrics[name], second.metrics[name], err_msg=name)
 
 
-def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch):
+def test_killed_and_resumed_run_matches_uninterrupted(tiny_run, tmp_path, monkeypatch):
     # 10 updates, chunks of 3, a checkpoint every 6
-    assert_killed_run_resumes_exactly(rainbow, tiny(tmp_path), 9, 6, monkeypatch)
+    args, full = tiny_run
+    assert_killed_run_resumes_exactly(rainbow, dataclasses.replace(args, run_root=str(tmp_path)), 9, 6, monkeypatch, full)
 
 
 def test_continuous_action_space_is_refused(tmp_path):

@@ -134,16 +134,27 @@ def fresh_phase():
 
 
 def test_bug2_entropy_bonus_reaches_the_gradient(fresh_phase):
-    """Seed bug 2: entropy_coef was configured but the loss was rebuilt without it."""
-    args, algo, state, _, _, batch = fresh_phase
-    grads = {}
-    for coef in (0.0, 0.5):
-        loss = uz.make_train(dataclasses.replace(args, ent_coef=coef)).loss
-        grads[coef] = jax.grad(lambda p: loss(p, state.target_encoder, batch, jax.random.key(0))[0])(state.params)
-    policy_grad = lambda g: np.asarray(g["policy_head"]["layers"][2]["kernel"][...])
-    assert not np.allclose(policy_grad(grads[0.0]), policy_grad(grads[0.5]))
-    np.testing.assert_allclose(np.asarray(grads[0.0]["reward_head"]["layers"][2]["kernel"][...]),
-                               np.asarray(grads[0.5]["reward_head"]["layers"][2]["kernel"][...]), atol=1e-7)
+    """Seed bug 2: entropy_coef was configured but the loss was rebuilt from
+    fixed weights without it. Here the total's gradient is the weighted sum of
+    the parts' gradients minus ent_coef times the entropy's, and the entropy's
+    gradient on the policy head is not zero."""
+    args, _, state, _, _, batch = fresh_phase
+    args = dataclasses.replace(args, ent_coef=1.0)  # large enough to see next to the other terms
+    loss = uz.make_train(args).loss
+
+    def parts(params):
+        total, stats = loss(params, state.target_encoder, batch, jax.random.key(0))
+        without_entropy = (args.latent_coef * stats["latent_loss"] + args.reward_coef * stats["reward_loss"]
+                           + args.policy_coef * stats["policy_loss"] + args.value_coef * stats["value_loss"])
+        return jnp.stack([total, without_entropy, stats["entropy"]])
+
+    grads = jax.jit(jax.jacrev(parts))(state.params)  # one compile, three gradients
+    policy_kernel = np.asarray(grads["policy_head"]["layers"][2]["kernel"][...])  # [3, ...]
+    assert np.abs(policy_kernel[2]).max() > 1e-5
+    np.testing.assert_allclose(policy_kernel[0], policy_kernel[1] - args.ent_coef * policy_kernel[2], rtol=0, atol=2e-6)
+    assert np.abs(policy_kernel[0] - policy_kernel[1]).max() > 1e-5  # well above the rounding tolerance
+    reward_kernel = np.asarray(grads["reward_head"]["layers"][2]["kernel"][...])
+    np.testing.assert_allclose(reward_kernel[2], 0.0, atol=1e-8)  # the entropy moves only the policy path
 
 
 def test_bug3_stored_log_prob_is_of_the_tempered_distribution(fresh_phase):
@@ -221,9 +232,10 @@ def test_same_seed_gives_identical_metrics(tiny_run, tmp_path):
         np.testing.assert_array_equal(first.metrics[name], second.metrics[name], err_msg=name)
 
 
-def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch):
+def test_killed_and_resumed_run_matches_uninterrupted(tiny_run, tmp_path, monkeypatch):
     # 5 updates, chunks of 2, a checkpoint every 2: dies logging update 4, before its checkpoint
-    assert_killed_run_resumes_exactly(uz, tiny(tmp_path), 4, 2, monkeypatch)
+    args, full = tiny_run
+    assert_killed_run_resumes_exactly(uz, dataclasses.replace(args, run_root=str(tmp_path)), 4, 2, monkeypatch, full)
 
 
 def test_search_evaluation_runs_with_mctx(tmp_path):
