@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import chex
-import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -211,6 +210,50 @@ class MinAtarCNN(nnx.Module):
         return self.mlp(x.reshape(x.shape[:-3] + (-1,)))
 
 
+class Categorical(NamedTuple):
+    """A discrete policy over A actions, from logits [..., A]."""
+
+    logits: jax.Array
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return jax.random.categorical(key, self.logits)
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        log_probs = jax.nn.log_softmax(self.logits)
+        return jnp.take_along_axis(log_probs, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+    def entropy(self) -> jax.Array:
+        log_probs = jax.nn.log_softmax(self.logits)
+        return -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+
+    def mode(self) -> jax.Array:
+        return jnp.argmax(self.logits, axis=-1)
+
+
+class DiagGaussian(NamedTuple):
+    """A continuous policy: independent normals, mean [..., A] and log-std [A]."""
+
+    mean: jax.Array
+    log_std: jax.Array
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return self.mean + jnp.exp(self.log_std) * jax.random.normal(key, self.mean.shape)
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        z = (action - self.mean) * jnp.exp(-self.log_std)
+        return jnp.sum(-0.5 * z**2 - self.log_std - 0.5 * jnp.log(2 * jnp.pi), axis=-1)
+
+    def entropy(self) -> jax.Array:
+        entropy_per_dim = self.log_std + 0.5 * (1.0 + jnp.log(2 * jnp.pi))  # [A]
+        return jnp.broadcast_to(jnp.sum(entropy_per_dim, axis=-1), self.mean.shape[:-1])
+
+    def mode(self) -> jax.Array:
+        return self.mean
+
+
+Distribution = Categorical | DiagGaussian
+
+
 class ActorCritic(nnx.Module):
     """obs [B, *obs_shape] -> (policy parameters, value [B]).
 
@@ -234,13 +277,13 @@ class ActorCritic(nnx.Module):
         if not spec.discrete:
             self.log_std = nnx.Param(jnp.zeros(spec.num_actions))
 
-    def distribution(self, actor_features: jax.Array) -> distrax.Distribution:
+    def distribution(self, actor_features: jax.Array) -> Distribution:
         out = self.policy_head(actor_features)
         if self.discrete:
-            return distrax.Categorical(logits=out)
-        return distrax.MultivariateNormalDiag(out, jnp.exp(self.log_std[...]) * jnp.ones_like(out))
+            return Categorical(out)
+        return DiagGaussian(out, self.log_std[...])
 
-    def act(self, obs: jax.Array) -> distrax.Distribution:
+    def act(self, obs: jax.Array) -> Distribution:
         """The policy alone: acting needs no critic."""
         return self.distribution(self.actor_torso(obs))
 
@@ -248,7 +291,7 @@ class ActorCritic(nnx.Module):
         torso = self.critic_torso or self.actor_torso
         return self.value_head(torso(obs))[..., 0]
 
-    def __call__(self, obs: jax.Array) -> tuple[distrax.Distribution, jax.Array]:
+    def __call__(self, obs: jax.Array) -> tuple[Distribution, jax.Array]:
         actor_features = self.actor_torso(obs)
         critic_features = actor_features if self.critic_torso is None else self.critic_torso(obs)
         return self.distribution(actor_features), self.value_head(critic_features)[..., 0]
@@ -450,7 +493,7 @@ def make_train(args: Args) -> PPO:
     def policy(params: nnx.State, obs: jax.Array):
         return nnx.merge(graphdef, params)(obs)
 
-    def actor(params: nnx.State, obs: jax.Array) -> distrax.Distribution:
+    def actor(params: nnx.State, obs: jax.Array) -> Distribution:
         return nnx.merge(graphdef, params).act(obs)
 
     def value_fn(params: nnx.State, obs: jax.Array) -> jax.Array:
@@ -487,7 +530,7 @@ def make_train(args: Args) -> PPO:
             env_state, obs, key = carry
             key, action_key, step_key = jax.random.split(key, 3)
             dist = actor(state.params, obs)
-            action = dist.sample(seed=action_key)
+            action = dist.sample(action_key)
             next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
             transition = Transition(
                 obs, action, dist.log_prob(action), reward, terminated, truncated,

@@ -160,3 +160,32 @@ def test_explained_variance():
     target = jnp.arange(10.0)
     assert explained_variance(target, target) == pytest.approx(1.0)
     assert explained_variance(jnp.full(10, target.mean()), target) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_hand_written_distributions_match_distrax():
+    """Categorical and DiagGaussian are written out in algos/ppo.py (the formulas are
+    part of what the file teaches); distrax is the reference."""
+    import distrax
+
+    from algos.ppo import Categorical, DiagGaussian
+
+    keys = jax.random.split(jax.random.key(0), 4)
+    logits = jax.random.normal(keys[0], (5, 3)) * 2.0
+    actions = jax.random.randint(keys[1], (5,), 0, 3)
+    ours, ref = Categorical(logits), distrax.Categorical(logits=logits)
+    np.testing.assert_allclose(ours.log_prob(actions), ref.log_prob(actions), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours.entropy(), ref.entropy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(ours.mode(), ref.mode())
+    samples = jax.vmap(ours.sample)(jax.random.split(keys[2], 20000))  # [20000, 5]
+    frequencies = np.stack([(samples == a).mean(0) for a in range(3)], -1)
+    np.testing.assert_allclose(frequencies, jax.nn.softmax(logits), atol=0.02)
+
+    mean = jax.random.normal(keys[3], (5, 2))
+    log_std = jnp.array([-0.5, 0.3])
+    actions = mean + 0.7
+    ours, ref = DiagGaussian(mean, log_std), distrax.MultivariateNormalDiag(mean, jnp.exp(log_std) * jnp.ones_like(mean))
+    np.testing.assert_allclose(ours.log_prob(actions), ref.log_prob(actions), rtol=1e-5)
+    np.testing.assert_allclose(ours.entropy(), ref.entropy(), rtol=1e-5)
+    samples = jax.vmap(ours.sample)(jax.random.split(keys[2], 20000))  # [20000, 5, 2]
+    np.testing.assert_allclose(samples.mean(0), mean, atol=0.05)
+    np.testing.assert_allclose(samples.std(0), jnp.broadcast_to(jnp.exp(log_std), mean.shape), rtol=0.05)
