@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every PPO number and curve in docs/ppo.md comes from this script.
-#   bash benchmarks/ppo.sh [cartpole|pendulum|rllib|minatar|timing|all]
+#   bash benchmarks/ppo.sh [cartpole|pendulum|rllib|breakout|space-invaders|minatar|timing|all]
+# MINATAR_SEEDS (default 4) sets the seed count of the two MinAtar runs.
 # Runs go to benchmarks/out/ppo/<preset>/, curves to docs/img/, and
 # benchmarks/summarize.py prints the results table from the run directories.
 # Timing needs a PureJaxRL checkout: PUREJAXRL=/path/to/purejaxrl/purejaxrl
@@ -21,10 +22,8 @@ curve() {  # preset, num_seeds, extra flags...
 if [[ $what == cartpole || $what == all ]]; then curve cartpole 8; fi
 if [[ $what == pendulum || $what == all ]]; then curve pendulum 4; fi
 if [[ $what == rllib || $what == all ]]; then curve rllib 4; fi
-if [[ $what == minatar || $what == all ]]; then
-  curve breakout-minatar 4
-  curve space-invaders-minatar 4
-fi
+if [[ $what == breakout || $what == minatar || $what == all ]]; then curve breakout-minatar "${MINATAR_SEEDS:-4}"; fi
+if [[ $what == space-invaders || $what == minatar || $what == all ]]; then curve space-invaders-minatar "${MINATAR_SEEDS:-4}"; fi
 if [[ $what == timing || $what == all ]]; then
   : "${PUREJAXRL:?set PUREJAXRL to the directory holding PureJaxRL's ppo.py}"
   # PureJaxRL's ppo.py as shipped prints every episode (DEBUG=True); ppo_nodebug.py

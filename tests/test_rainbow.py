@@ -39,7 +39,20 @@ def shrink(preset: str, tmp_path) -> rainbow.Args:
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_every_preset_runs_at_a_tiny_budget(preset, tmp_path):
+def test_every_preset_traces_at_a_tiny_budget(preset, tmp_path):
+    """Every preset's whole run traces with consistent shapes (jax.eval_shape: no compile)."""
+    args = shrink(preset, tmp_path)
+    algo = rainbow.make_train(args)
+    state, metrics = jax.eval_shape(algo.train, jax.random.key(0))
+    assert metrics["loss"].shape == (args.num_updates,), preset
+    returns = jax.eval_shape(algo.evaluate, state, jax.random.key(1))
+    assert returns.shape == (args.eval_episodes,)
+
+
+# The tiny preset runs every component at once; these run the two other code paths:
+# plain DQN (epsilon-greedy, MSE, one atom) and RLlib's DQN (Huber, grad clip, fixed beta, 256x256 tanh).
+@pytest.mark.parametrize("preset", ["dqn", "rllib-dqn"])
+def test_presets_train_at_a_tiny_budget(preset, tmp_path):
     args = shrink(preset, tmp_path)
     algo = rainbow.make_train(args)
     state, metrics = jax.jit(algo.train)(jax.random.key(0))
