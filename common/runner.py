@@ -73,6 +73,17 @@ def make_chunk(update: Callable, num_updates: int, log_every: int) -> tuple[Call
     return chunk, lambda: traces
 
 
+def init_seeds(init: Callable, seeds: jax.Array):
+    """`init(key(seed))` for each seed, stacked: leaves [num_seeds, ...].
+
+    One seed after another (`lax.map`, not `vmap`): init runs once, so this
+    costs nothing measurable, and XLA:CPU's concurrency-optimised scheduler
+    (jaxlib 0.10.2) deadlocks, all threads idle, on the vmapped initialisation
+    of two MinAtar CNN torsos for 2+ seeds (tests/test_ppo.py pins it).
+    """
+    return jax.lax.map(lambda seed: init(jax.random.key(seed)), seeds)
+
+
 # For programs that run once: compile time matters more than run time.
 RUN_ONCE = {"xla_backend_optimization_level": 0}
 
@@ -95,17 +106,16 @@ def run(
     compile_start = time.perf_counter()
     chunk, trace_count = make_chunk(update, num_updates, args.log_every)
     seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
-    vmapped_init = jax.vmap(lambda seed: init(jax.random.key(seed)))
-    abstract_state = jax.eval_shape(vmapped_init, seeds)
+    # Traced once: its output shapes are the state's, for the chunk and for resuming.
+    init_lowered = jax.jit(lambda seeds: init_seeds(init, seeds), compiler_options=RUN_ONCE).lower(seeds)
+    abstract_state = init_lowered.out_info
     background = ThreadPoolExecutor(max_workers=1)
     updates_done = 0
     if args.resume is not None:
         state, updates_done = checkpoint.restore(args.resume, abstract_state)
         state = jax.device_put(state)
     else:
-        # XLA compiles `init` on a thread while Python traces the chunk here.
-        init_lowered = jax.jit(vmapped_init, compiler_options=RUN_ONCE).lower(seeds)
-        init_compiled = background.submit(init_lowered.compile)
+        init_compiled = background.submit(init_lowered.compile)  # XLA compiles `init` while Python traces the chunk
     run_chunk = jax.jit(jax.vmap(chunk, in_axes=(0, None)), donate_argnums=0).lower(abstract_state, jnp.int32(0))
     if args.resume is None:
         state = init_compiled.result()(seeds)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -151,18 +152,27 @@ def test_cartpole_learns(tmp_path):
     assert result.eval_returns.mean(axis=1).min() >= 475, result.eval_returns.mean(axis=1)
 
 
-def test_vmapped_cnn_init_does_not_deadlock(tmp_path):
-    """XLA:CPU's concurrency-optimised scheduler hung on this program (two MinAtar
-    CNN torsos initialised for 2 seeds); common/__init__.py turns it off."""
+@pytest.mark.parametrize("seeding", ["init_seeds"])
+def test_multi_seed_cnn_init_does_not_deadlock(seeding):
+    """XLA:CPU's concurrency-optimised scheduler (jaxlib 0.10.2) hangs forever on
+    `jax.vmap` of this init (two MinAtar CNN torsos, 2 seeds: swap `seeding` for
+    "vmap" to see it time out); `runner.init_seeds` maps over seeds instead. The
+    scheduler is on by default; the flag pins it on whatever the default becomes."""
     code = (
-        "import jax\n"
+        "import jax, numpy as np\n"
         "from flax import nnx\n"
         "from algos import ppo\n"
-        "from common import envs\n"
+        "from common import envs, runner\n"
         "spec = envs.spec(*envs.make('Breakout-MinAtar', 16))\n"
         "init = lambda key: nnx.split(ppo.ActorCritic(spec, 'cnn', (128,), 'relu', False, nnx.Rngs(key)))[1]\n"
-        "jax.block_until_ready(jax.jit(jax.vmap(init))(jax.random.split(jax.random.key(0), 2)))\n"
+        f"seeding = {seeding!r}\n"
+        "if seeding == 'vmap':\n"
+        "    program = jax.vmap(lambda seed: init(jax.random.key(seed)))\n"
+        "else:\n"
+        "    program = lambda seeds: runner.init_seeds(init, seeds)\n"
+        "jax.block_until_ready(jax.jit(program)(np.arange(2, dtype=np.int32)))\n"
         "print('initialised')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=90)
+    env = {**os.environ, "XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=true"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=90, env=env)
     assert out.returncode == 0 and "initialised" in out.stdout, out.stderr
