@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every Rainbow / DQN-family number and curve in docs/rainbow.md comes from this script.
-#   bash benchmarks/rainbow.sh [cartpole|ablation|minatar|timing|all]
+#   bash benchmarks/rainbow.sh [cartpole|tuning|ablation|minatar|timing|all]
 # Runs go to benchmarks/out/rainbow/, curves to docs/img/, and
 #   python benchmarks/summarize.py benchmarks/out/rainbow/<group>/*
 # prints the results tables. Timing needs PureJaxRL's dqn.py and a harness that
@@ -26,6 +26,14 @@ if [[ $what == cartpole || $what == all ]]; then
     --title "DQN family on CartPole-v1, $SEEDS seeds each" --smooth 5
   $PY -m common.plot $OUT/cartpole/{rllib-dqn,rllib-rainbow,rainbow}/* --out docs/img/rainbow_rllib.png \
     --title "RLlib 2.40 configurations vs this file's rainbow preset" --smooth 5
+fi
+if [[ $what == tuning ]]; then  # the 8-seed runs behind the per / noisy presets (docs/rainbow.md)
+  SEEDS=8
+  run tuning per-alpha-0.5 --preset dqn --prioritized --per-alpha 0.5
+  run tuning noisy-sigma-0.25 --preset noisy --sigma0 0.25
+  run tuning noisy-double --preset noisy --double-q
+  run tuning noisy-sigma-0.1 --preset noisy --sigma0 0.1
+  run tuning noisy-sigma-0.25-lr-5e-4 --preset noisy --sigma0 0.25 --learning-rate 5e-4
 fi
 if [[ $what == ablation || $what == all ]]; then
   run ablation rainbow --preset rainbow

@@ -17,7 +17,7 @@ Prioritised sampling (Schaul et al. 2016, proportional variant): a window
 starting at (t, e) is drawn with probability p_te^alpha / sum p^alpha over
 valid starts, by stratified inverse-CDF sampling (a cumulative sum and a
 binary search, O(rows x envs) per batch); new rows get the largest priority
-seen so far. Everything is jittable, vmappable over seeds, and meant to be
+seen so far. Uniform sampling indexes the valid starts directly, O(batch). Everything is jittable, vmappable over seeds, and meant to be
 donated so XLA updates it in place.
 """
 
@@ -104,21 +104,28 @@ def sample(
     """Draw `batch_size` windows of `length` steps, uniformly over valid starts
     or, with `priority_exponent` (alpha), proportionally to priority^alpha.
     Call only when `can_sample(buffer, length)`."""
-    valid = jnp.broadcast_to(valid_starts(buffer, length)[:, None], buffer.priority.shape)
-    if priority_exponent is None:
-        weights = valid.astype(jnp.float32)
-    else:
-        weights = jnp.where(valid, buffer.priority ** priority_exponent, 0.0)
-    cumulative = jnp.cumsum(weights.reshape(-1))
-    total = cumulative[-1]
     # Stratified: one uniform draw in each of batch_size equal slices of the mass.
-    u = (jnp.arange(batch_size) + jax.random.uniform(key, (batch_size,))) / batch_size * total
-    flat = jnp.clip(jnp.searchsorted(cumulative, u, side="right"), 0, weights.size - 1)
-    rows, envs = flat // buffer.num_envs, flat % buffer.num_envs
+    strata = (jnp.arange(batch_size) + jax.random.uniform(key, (batch_size,))) / batch_size  # [batch] in [0, 1)
+    if priority_exponent is None:
+        # Valid starts are the rows of age length-1 .. size-1 (age 0 = newest), in
+        # every env: index them directly, O(batch) whatever the capacity.
+        num_valid = (buffer.size - length + 1) * buffer.num_envs
+        flat = jnp.minimum((strata * num_valid).astype(jnp.int32), num_valid - 1)
+        age, envs = length - 1 + flat // buffer.num_envs, flat % buffer.num_envs
+        rows = (buffer.position - 1 - age) % buffer.rows
+        probability = jnp.full((batch_size,), 1.0) / num_valid
+    else:
+        valid = jnp.broadcast_to(valid_starts(buffer, length)[:, None], buffer.priority.shape)
+        weights = jnp.where(valid, buffer.priority ** priority_exponent, 0.0)
+        cumulative = jnp.cumsum(weights.reshape(-1))
+        total = cumulative[-1]
+        flat = jnp.clip(jnp.searchsorted(cumulative, strata * total, side="right"), 0, weights.size - 1)
+        rows, envs = flat // buffer.num_envs, flat % buffer.num_envs
+        probability, num_valid = weights[rows, envs] / total, valid.sum()
     offsets = jnp.arange(length)
     window_rows = (rows[:, None] + offsets[None, :]) % buffer.rows  # [batch, length]
     windows = jax.tree.map(lambda store: store[window_rows, envs[:, None]], buffer.data)
-    return Sample(windows, rows, envs, weights[rows, envs] / total, valid.sum())
+    return Sample(windows, rows, envs, probability, num_valid)
 
 
 def set_priorities(buffer: Buffer, rows: jax.Array, envs: jax.Array, priority: jax.Array) -> Buffer:

@@ -36,6 +36,20 @@ def test_partially_filled_buffer_samples_only_written_rows():
     np.testing.assert_allclose(sample.probability, 1 / 4)
 
 
+@pytest.mark.parametrize("rows_written", [4, 9])
+def test_uniform_sampling_is_uniform_over_valid_starts(rows_written):
+    """Uniform sampling indexes valid starts directly; every (row, env) start
+    that `valid_starts` allows is equally likely, and no other is drawn."""
+    buffer = filled(rows_written, rows=6, num_envs=2)
+    draws = jax.jit(jax.vmap(lambda k: buffers.sample(buffer, k, 32, length=2)))(jax.random.split(jax.random.key(4), 1000))
+    counts = np.zeros((6, 2))
+    np.add.at(counts, (np.asarray(draws.rows).ravel(), np.asarray(draws.envs).ravel()), 1)
+    valid = np.broadcast_to(np.asarray(buffers.valid_starts(buffer, 2))[:, None], (6, 2))
+    assert counts[~valid].sum() == 0
+    np.testing.assert_allclose(counts[valid] / counts.sum(), 1 / valid.sum(), atol=0.01)
+    np.testing.assert_allclose(draws.probability, 1 / valid.sum())
+
+
 def test_prioritized_sampling_is_proportional_to_priority_power_alpha():
     buffer = filled(6, rows=6, num_envs=1)
     priorities = jnp.array([1.0, 2.0, 3.0, 4.0, 0.5, 6.0])
