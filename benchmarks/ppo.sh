@@ -6,6 +6,7 @@
 # benchmarks/summarize.py prints the results table from the run directories.
 # Timing needs a PureJaxRL checkout: PUREJAXRL=/path/to/purejaxrl/purejaxrl
 # (with its wrappers adapted to gymnax >= 1.0's six-value step; see docs/ppo.md).
+# REPEATS overrides the number of interleaved repeats.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/out/ppo
@@ -25,17 +26,17 @@ if [[ $what == rllib || $what == all ]]; then curve rllib 4; fi
 if [[ $what == breakout || $what == minatar || $what == all ]]; then curve breakout-minatar "${MINATAR_SEEDS:-4}"; fi
 if [[ $what == space-invaders || $what == minatar || $what == all ]]; then curve space-invaders-minatar "${MINATAR_SEEDS:-4}"; fi
 if [[ $what == timing || $what == all ]]; then
-  : "${PUREJAXRL:?set PUREJAXRL to the directory holding PureJaxRL's ppo.py}"
+  : "${PUREJAXRL:?set PUREJAXRL to the directory holding the PureJaxRL ppo.py}"
   # PureJaxRL's ppo.py as shipped prints every episode (DEBUG=True); ppo_nodebug.py
   # is the same file with DEBUG=False, ppo_vmap8.py vmaps train over 8 keys.
   $PY algos/ppo.py --preset cartpole --run-root /tmp/jaxzoo-timing >/dev/null  # fills the compile cache
   $PY algos/ppo.py --preset cartpole --num-seeds 8 --run-root /tmp/jaxzoo-timing >/dev/null
-  $PY benchmarks/time_commands.py --repeats 9 --cwd "$PUREJAXRL" --out "$OUT/timing_1seed.json" \
+  $PY benchmarks/time_commands.py --repeats "${REPEATS:-9}" --cwd "$PUREJAXRL" --out "$OUT/timing_1seed.json" \
     --cmd jaxzoo-cold "$PY $PWD/algos/ppo.py --preset cartpole --no-compile-cache --run-root /tmp/jaxzoo-timing" \
     --cmd jaxzoo-warm "$PY $PWD/algos/ppo.py --preset cartpole --run-root /tmp/jaxzoo-timing" \
     --cmd purejaxrl-debug-off "$PY ppo_nodebug.py" \
     --cmd purejaxrl-as-shipped "$PY ppo.py"
-  $PY benchmarks/time_commands.py --repeats 5 --cwd "$PUREJAXRL" --out "$OUT/timing_8seeds.json" \
+  $PY benchmarks/time_commands.py --repeats "${REPEATS:-5}" --cwd "$PUREJAXRL" --out "$OUT/timing_8seeds.json" \
     --cmd jaxzoo-cold "$PY $PWD/algos/ppo.py --preset cartpole --num-seeds 8 --no-compile-cache --run-root /tmp/jaxzoo-timing" \
     --cmd jaxzoo-warm "$PY $PWD/algos/ppo.py --preset cartpole --num-seeds 8 --run-root /tmp/jaxzoo-timing" \
     --cmd purejaxrl-debug-off "$PY ppo_vmap8.py"

@@ -52,7 +52,7 @@ if [[ $what == minatar || $what == all ]]; then
     --title "Rainbow on Breakout-MinAtar, $SEEDS seeds"
 fi
 if [[ $what == timing || $what == all ]]; then
-  : "${PUREJAXRL_DQN:?set PUREJAXRL_DQN to the command that runs PureJaxRL's dqn.py; it gets the seed count appended}"
+  : "${PUREJAXRL_DQN:?set PUREJAXRL_DQN to the command that runs the PureJaxRL dqn.py; it gets the seed count appended}"
   $PY benchmarks/time_commands.py --repeats 5 --out "$OUT/timing_1seed.json" \
     --cmd jaxzoo "$PY $PWD/algos/rainbow.py --preset dqn --no-compile-cache --run-root /tmp/jaxzoo-timing" \
     --cmd purejaxrl "$PUREJAXRL_DQN 1"

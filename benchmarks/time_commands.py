@@ -1,8 +1,11 @@
-"""Time whole processes side by side: wall time and peak memory (max RSS).
+"""Time whole processes side by side: wall time, CPU time and peak memory (max RSS).
 
 Runs each named command `--repeats` times, interleaved (A B A B ...), so slow
 drift of the machine affects both alike, and prints the median, min and max of
-each plus the ratio of medians. Nothing is excluded: import, compilation and
+each plus the ratio of medians. CPU time (user + system, all threads) is the
+work a process did; on a machine shared with other jobs it moves far less than
+wall time does, so it is the figure to compare when the machine cannot be idle.
+Nothing is excluded: import, compilation and
 everything the program does are inside the measured time.
 
     python benchmarks/time_commands.py --repeats 5 \
@@ -24,8 +27,8 @@ import time
 from pathlib import Path
 
 
-def run_once(command: str, cwd: str | None) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS in MiB, exit code) of one run of `command`."""
+def run_once(command: str, cwd: str | None) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS in MiB) of one run of `command`."""
     start = time.perf_counter()
     process = subprocess.Popen(shlex.split(command), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(process.pid, 0)
@@ -33,7 +36,7 @@ def run_once(command: str, cwd: str | None) -> tuple[float, float, int]:
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         raise RuntimeError(f"{command!r} exited with {code}: {process.stderr.read().decode()[-2000:]}")
-    return wall, usage.ru_maxrss / 1024, code  # ru_maxrss is in KiB on Linux
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
 
 
 def machine() -> str:
@@ -56,25 +59,29 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the raw timings here as JSON")
     ns = parser.parse_args()
 
-    results = {name: {"command": command, "wall": [], "rss_mib": []} for name, command in ns.cmd}
+    results = {name: {"command": command, "wall": [], "cpu": [], "rss_mib": []} for name, command in ns.cmd}
     for repeat in range(ns.repeats):
         for name, command in ns.cmd:
-            wall, rss, _ = run_once(command, ns.cwd)
+            wall, cpu, rss = run_once(command, ns.cwd)
             results[name]["wall"].append(wall)
+            results[name]["cpu"].append(cpu)
             results[name]["rss_mib"].append(rss)
-            print(f"[{repeat + 1}/{ns.repeats}] {name}: {wall:.2f}s, peak RSS {rss:.0f} MiB", flush=True)
+            print(f"[{repeat + 1}/{ns.repeats}] {name}: {wall:.2f}s wall, {cpu:.2f}s CPU, peak RSS {rss:.0f} MiB", flush=True)
 
     print(f"\nmachine: {machine()}")
-    print("| command | median wall (s) | min | max | median peak RSS (MiB) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| command | median wall (s) | min | max | median CPU (s) | median peak RSS (MiB) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
         r["median_wall"] = statistics.median(r["wall"])
+        r["median_cpu"] = statistics.median(r["cpu"])
         r["median_rss_mib"] = statistics.median(r["rss_mib"])
-        print(f"| {name} | {r['median_wall']:.2f} | {min(r['wall']):.2f} | {max(r['wall']):.2f} | {r['median_rss_mib']:.0f} |")
+        print(f"| {name} | {r['median_wall']:.2f} | {min(r['wall']):.2f} | {max(r['wall']):.2f} "
+              f"| {r['median_cpu']:.2f} | {r['median_rss_mib']:.0f} |")
     names = list(results)
     for other in names[1:]:
-        ratio = results[other]["median_wall"] / results[names[0]]["median_wall"]
-        print(f"median wall time of {other} / {names[0]}: {ratio:.2f}")
+        for measure in ("wall", "cpu"):
+            ratio = results[other][f"median_{measure}"] / results[names[0]][f"median_{measure}"]
+            print(f"median {measure} time of {other} / {names[0]}: {ratio:.2f}")
     if ns.out:
         Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
         Path(ns.out).write_text(json.dumps({"machine": machine(), "results": results}, indent=2) + "\n")

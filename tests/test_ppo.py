@@ -176,3 +176,13 @@ def test_multi_seed_cnn_init_does_not_deadlock(seeding):
     env = {**os.environ, "XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=true"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=90, env=env)
     assert out.returncode == 0 and "initialised" in out.stdout, out.stderr
+
+
+def test_documented_presets_exist():
+    """The presets docs/ppo.md and benchmarks/ppo.sh use (one was once lost in an edit)."""
+    import tomllib
+
+    presets = tomllib.loads((ROOT / "configs" / "ppo.toml").read_text())
+    for name in ("cartpole", "pendulum", "rllib", "breakout-minatar", "space-invaders-minatar", "tiny"):
+        assert name in presets, name
+        cli.preset_args(ppo.Args, "ppo", name)  # every key is an Args field
