@@ -1,0 +1,793 @@
+"""PlaNet: latent dynamics learned from pixels and planning in latent space, the whole run in one `jax.jit`.
+
+Paper: Hafner et al. 2019, "Learning Latent Dynamics for Planning from Pixels"
+(Deep Planning Network, arXiv:1811.04551); sizes and training loop as in the
+paper and Kaixhin/PlaNet (seed 003).
+
+The idea: no policy and no value function. A recurrent state-space model
+(RSSM) learns the environment from image sequences: a deterministic GRU belief
+h_t = f(h_{t-1}, s_{t-1}, a_{t-1}) carries memory, a diagonal-Gaussian latent
+state s_t carries uncertainty, with a prior p(s_t | h_t) for prediction and a
+posterior q(s_t | h_t, o_t) for filtering; decoders reconstruct the image and
+the reward from (h_t, s_t). The ELBO is image + reward likelihood minus
+KL(q || p), the KL clipped below by free nats. To act, the agent filters the
+latent state from the frames seen so far and runs the cross-entropy method
+(CEM) over action sequences, scoring each by the rewards the model predicts
+along an open-loop prior rollout, and executes the first action of the final
+mean (model-predictive control). Data collection (seed episodes of random
+actions, then one planned episode per iteration), the sequence replay and every
+model update run inside one compiled `lax.scan`, vmapped over seeds, on a pixel
+Pendulum-v1 rendered in JAX (common/pixels.py).
+
+    python algos/planet.py --preset cpu             # pixel Pendulum-v1, minutes on a CPU
+    python algos/planet.py --preset paper           # the paper's sizes and planner
+    python algos/planet.py --preset tiny            # seconds: what the tests run
+
+Details, logged metrics and measured results: docs/planet.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+
+from common import buffers, cli, envs, pixels, runner
+
+
+# --------------------------------------------------------------------------- #
+# Arguments
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class Args:
+    """PlaNet (Hafner et al. 2019) on a pixel gymnax environment, jitted end to end."""
+
+    exp_name: str = "planet"
+    """name of the experiment: part of the run directory and the plot label"""
+    seed: int = 0
+    """seed of the first run; seed index i uses seed + i"""
+    num_seeds: int = 1
+    """independent seeds trained at once with `jax.vmap`"""
+    env_id: str = "Pendulum-v1"
+    """gymnax environment id with a pixel renderer in common/pixels.py (continuous actions only)"""
+    total_timesteps: int = 100_000
+    """environment steps per seed collected by the planner (the random seed episodes come on top)"""
+    log_every: int = 5
+    """updates (= planned episodes) per jitted chunk: metrics, progress and checkpoints happen between chunks"""
+    track: bool = False
+    """log to Weights & Biases (needs the `logging` extra)"""
+    tensorboard: bool = False
+    """write TensorBoard event files into the run directory (needs the `logging` extra)"""
+    save_model: bool = True
+    """write checkpoints of the whole runner state, replay included (needed for --resume)"""
+    checkpoint_every: int = 10
+    """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end"""
+    resume: str | None = None
+    """run directory to resume; its args.json replaces every other flag"""
+    run_root: str = "runs"
+    """directory under which run directories are created"""
+    eval_episodes: int = 5
+    """planned episodes without exploration noise per seed at the end of training"""
+    compile_cache: bool = True
+    """JAX persistent compilation cache: a second run of the same command skips compiling"""
+
+    # algorithm-specific
+    image_size: int = 64
+    """side of the square image observations: 16, 32 or 64 pixels"""
+    grayscale: bool = False
+    """one-channel images instead of RGB"""
+    action_repeat: int = 2
+    """environment steps per planned action; rewards are summed over them"""
+    seed_episodes: int = 5
+    """episodes of uniformly random actions collected before the first model update"""
+    collect_interval: int = 100
+    """model updates per iteration, before the iteration's planned episode"""
+    batch_size: int = 50
+    """sequences per model update"""
+    chunk_size: int = 50
+    """steps (after action repeat) per sequence"""
+    buffer_size: int = 25_000
+    """replay capacity per seed in agent steps (one frame each, stored as uint8)"""
+    belief_size: int = 200
+    """GRU belief (deterministic state) size"""
+    state_size: int = 30
+    """stochastic latent state size"""
+    hidden_size: int = 200
+    """hidden layer width of the prior, posterior and reward networks"""
+    embedding_size: int = 1024
+    """image embedding size (the paper's 64x64 encoder gives 2 x 2 x 256 = 1024)"""
+    cnn_depth: int = 32
+    """channels of the first encoder convolution, doubled per layer (the decoder mirrors it)"""
+    min_std: float = 0.1
+    """minimum standard deviation of the prior and posterior: softplus(x) + min_std"""
+    free_nats: float = 3.0
+    """KL(q || p) below this many nats per step is not penalised"""
+    overshooting_kl_beta: float = 0.0
+    """weight of the latent-overshooting KL (0: off, the paper's RSSM setting)"""
+    overshooting_distance: int = 50
+    """longest open-loop prediction of latent overshooting"""
+    bit_depth: int = 5
+    """bits per colour channel of the observations, plus uniform dequantisation noise"""
+    learning_rate: float = 1e-3
+    """Adam learning rate"""
+    adam_eps: float = 1e-4
+    """Adam epsilon"""
+    max_grad_norm: float = 1000.0
+    """global gradient-norm clip (0: none)"""
+    planning_horizon: int = 12
+    """actions per planned sequence"""
+    optimisation_iters: int = 10
+    """CEM iterations per planned action"""
+    candidates: int = 1000
+    """action sequences sampled per CEM iteration"""
+    top_candidates: int = 100
+    """elite sequences the CEM Gaussian is refitted to"""
+    plan_with_mean: bool = False
+    """score candidates on prior-mean rollouts instead of sampled states (the paper samples; docs/planet.md)"""
+    exploration_noise: float = 0.3
+    """std of the Gaussian noise added to planned actions while collecting (actions scaled to [-1, 1])"""
+
+    def __post_init__(self):
+        positive = ("num_seeds", "action_repeat", "collect_interval", "batch_size", "chunk_size", "buffer_size",
+                    "belief_size", "state_size", "hidden_size", "embedding_size", "cnn_depth", "planning_horizon",
+                    "optimisation_iters", "candidates", "top_candidates", "seed_episodes", "log_every",
+                    "checkpoint_every", "eval_episodes")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.image_size not in DECODER_KERNELS:
+            raise ValueError(f"image_size must be one of {sorted(DECODER_KERNELS)}, got {self.image_size}")
+        if self.top_candidates > self.candidates:
+            raise ValueError(f"top_candidates={self.top_candidates} exceeds candidates={self.candidates}")
+        if not 1 <= self.bit_depth <= 8:
+            raise ValueError(f"bit_depth must be in 1..8, got {self.bit_depth}")
+        if self.overshooting_kl_beta < 0 or self.overshooting_distance < 1:
+            raise ValueError("overshooting_kl_beta must be >= 0 and overshooting_distance >= 1")
+        if self.chunk_size < 2:
+            raise ValueError(f"chunk_size must be >= 2, got {self.chunk_size}")
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (self.image_size, self.image_size, 1 if self.grayscale else 3)
+
+    @property
+    def feature_size(self) -> int:
+        return self.belief_size + self.state_size
+
+    @property
+    def episode_steps(self) -> int:
+        """Agent steps (planned actions) per episode: the env's time limit / action_repeat, rounded up."""
+        return math.ceil(envs.spec(*envs.make(self.env_id)).max_episode_steps / self.action_repeat)
+
+    @property
+    def steps_per_update(self) -> int:
+        """Environment steps of one iteration: one episode."""
+        return self.episode_steps * self.action_repeat
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.steps_per_update
+
+
+# --------------------------------------------------------------------------- #
+# Networks
+# --------------------------------------------------------------------------- #
+# Stride-2 convolutions, 4x4 kernels, no padding: 64 -> 31 -> 14 -> 6 -> 2
+# (the paper's encoder), 32 -> 15 -> 6 -> 2, 16 -> 7 -> 2. The decoder's
+# transposed convolutions grow a 1x1 map back: 1 -> 5 -> 13 -> 30 -> 64 with
+# kernels 5, 5, 6, 6 (the paper's), 1 -> 5 -> 14 -> 32, 1 -> 6 -> 16.
+DECODER_KERNELS = {16: (6, 6), 32: (5, 6, 6), 64: (5, 5, 6, 6)}
+
+
+class StridedConv(nnx.Module):
+    """[..., H, W, C_in] -> [..., (H - k) // 2 + 1, (W - k) // 2 + 1, C_out]: a
+    k x k convolution with stride 2 and no padding, written as patches @ kernel
+    (the k^2 strided views concatenated, then one matmul). Same function as
+    `lax.conv`, but XLA:CPU runs the kernel gradient of a real convolution
+    about 4x slower inside a `lax.scan` (docs/planet.md, detail 12; docs/ppo.md
+    measured the same for the MinAtar CNN)."""
+
+    def __init__(self, c_in: int, c_out: int, kernel_size: int, rngs: nnx.Rngs):
+        self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (kernel_size, kernel_size, c_in, c_out)))
+        self.bias = nnx.Param(jnp.zeros((c_out,)))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k, _, c_in, c_out = self.kernel.shape
+        out_h, out_w = (x.shape[-3] - k) // 2 + 1, (x.shape[-2] - k) // 2 + 1
+        patches = jnp.concatenate([x[..., i : i + 2 * out_h - 1 : 2, j : j + 2 * out_w - 1 : 2, :]
+                                   for i in range(k) for j in range(k)], axis=-1)  # [..., out_h, out_w, k*k*C_in]
+        return patches @ self.kernel[...].reshape(k * k * c_in, c_out) + self.bias[...]
+
+
+class StridedConvTranspose(nnx.Module):
+    """[..., h, w, C_in] -> [..., 2(h - 1) + k, 2(w - 1) + k, C_out]: the
+    transposed k x k convolution with stride 2 and no padding,
+    out[2i + a, 2j + b] += x[i, j] @ kernel[a, b]. Written as its sub-pixel
+    form: each output parity (2m + q, 2n + r) is a stride-1 convolution of the
+    zero-padded input with the kernel taps (2p + q, 2s + r), so all four are one
+    patches @ kernel matmul followed by an interleave. Avoids
+    `lax.conv_transpose` for the reason given in StridedConv."""
+
+    def __init__(self, c_in: int, c_out: int, kernel_size: int, rngs: nnx.Rngs):
+        self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (kernel_size, kernel_size, c_in, c_out)))
+        self.bias = nnx.Param(jnp.zeros((c_out,)))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k, _, c_in, c_out = self.kernel.shape
+        *lead, h, w, _ = x.shape
+        half = (k + 1) // 2  # taps per output parity along an axis
+        m, n = h + half - 1, w + half - 1
+        padded = jnp.pad(x, [(0, 0)] * len(lead) + [(half - 1, half - 1), (half - 1, half - 1), (0, 0)])
+        patches = jnp.concatenate([padded[..., u : u + m, v : v + n, :] for u in range(half) for v in range(half)],
+                                  axis=-1)  # [..., m, n, half*half*C_in]
+        # Tap (2p + q, 2s + r) of the kernel (zero past k) serves view (u, v) = (half-1-p, half-1-s), parity (q, r).
+        kernel = jnp.pad(self.kernel[...], [(0, 2 * half - k), (0, 2 * half - k), (0, 0), (0, 0)])
+        kernel = kernel.reshape(half, 2, half, 2, c_in, c_out)[::-1, :, ::-1]  # [u, q, v, r, C_in, C_out]
+        kernel = kernel.transpose(0, 2, 4, 1, 3, 5).reshape(half * half * c_in, 4 * c_out)
+        out = (patches @ kernel).reshape(*lead, m, n, 2, 2, c_out)
+        out = jnp.moveaxis(out, -3, -4).reshape(*lead, 2 * m, 2 * n, c_out)  # row 2i + q, column 2j + r
+        return out[..., : 2 * (h - 1) + k, : 2 * (w - 1) + k, :] + self.bias[...]
+
+
+class Encoder(nnx.Module):
+    """Image [..., S, S, C] (values in [-0.5, 0.5]) -> embedding [..., E]:
+    ReLU convolutions of depth x (1, 2, 4, 8) channels down to 2 x 2, flattened,
+    then a linear layer unless that already has E features (the paper's
+    64 x 64 x 3 -> 2 x 2 x 256 = 1024)."""
+
+    def __init__(self, image_shape: tuple[int, int, int], depth: int, embedding_size: int, rngs: nnx.Rngs):
+        num_layers = len(DECODER_KERNELS[image_shape[0]])
+        widths = [depth * 2**i for i in range(num_layers)]
+        self.convs = nnx.List([
+            StridedConv(c_in, c_out, 4, rngs)
+            for c_in, c_out in zip([image_shape[2]] + widths[:-1], widths)
+        ])
+        flat = 4 * widths[-1]
+        self.project = nnx.Linear(flat, embedding_size, rngs=rngs) if flat != embedding_size else None
+        self.image_shape = image_shape
+
+    def __call__(self, image: jax.Array) -> jax.Array:
+        lead = image.shape[:-3]
+        x = image.reshape((-1, *self.image_shape))
+        for conv in self.convs:
+            x = jax.nn.relu(conv(x))
+        x = x.reshape((x.shape[0], -1))
+        if self.project is not None:
+            x = self.project(x)
+        return x.reshape((*lead, x.shape[-1]))
+
+
+class Decoder(nnx.Module):
+    """Features [..., D + Z] -> image mean [..., S, S, C]: a linear layer to E
+    features seen as a 1 x 1 x E map, then ReLU transposed convolutions of
+    depth x (.., 4, 2, 1) channels, the last one linear to C channels."""
+
+    def __init__(self, feature_size: int, image_shape: tuple[int, int, int], depth: int, embedding_size: int,
+                 rngs: nnx.Rngs):
+        kernels = DECODER_KERNELS[image_shape[0]]
+        widths = [depth * 2**i for i in reversed(range(len(kernels) - 1))] + [image_shape[2]]
+        self.project = nnx.Linear(feature_size, embedding_size, rngs=rngs)
+        self.deconvs = nnx.List([
+            StridedConvTranspose(c_in, c_out, k, rngs)
+            for c_in, c_out, k in zip([embedding_size] + widths[:-1], widths, kernels)
+        ])
+        self.image_shape = image_shape
+        self.embedding_size = embedding_size
+
+    def __call__(self, features: jax.Array) -> jax.Array:
+        lead = features.shape[:-1]
+        x = self.project(features).reshape((-1, 1, 1, self.embedding_size))
+        for i, deconv in enumerate(self.deconvs):
+            x = deconv(x)
+            if i < len(self.deconvs) - 1:
+                x = jax.nn.relu(x)
+        chex.assert_shape(x, (None, *self.image_shape))
+        return x.reshape((*lead, *self.image_shape))
+
+
+class RewardModel(nnx.Module):
+    """Features [..., D + Z] -> predicted reward [...]: a 3-layer ReLU MLP."""
+
+    def __init__(self, feature_size: int, hidden_size: int, rngs: nnx.Rngs):
+        self.layers = nnx.List([nnx.Linear(feature_size, hidden_size, rngs=rngs),
+                                nnx.Linear(hidden_size, hidden_size, rngs=rngs),
+                                nnx.Linear(hidden_size, 1, rngs=rngs)])
+
+    def __call__(self, features: jax.Array) -> jax.Array:
+        x = jax.nn.relu(self.layers[0](features))
+        x = jax.nn.relu(self.layers[1](x))
+        return self.layers[2](x)[..., 0]
+
+
+class RSSM(nnx.Module):
+    """The recurrent state-space model's transition, prior and posterior
+    (paper section 3, Kaixhin's TransitionModel); leading axes [...] are free.
+
+    transition(belief [..., D], state [..., Z], action [..., A]) -> belief [..., D]:
+        h_t = GRU(h_{t-1}, relu(W [s_{t-1}, a_{t-1}]))
+    prior(belief) -> (mean, std) [..., Z]:              p(s_t | h_t)
+    posterior(belief, embedding [..., E]) -> (mean, std): q(s_t | h_t, e_t)
+    with std = softplus(x) + min_std.
+    """
+
+    def __init__(self, action_dim: int, args: Args, rngs: nnx.Rngs):
+        D, Z, H, E = args.belief_size, args.state_size, args.hidden_size, args.embedding_size
+        self.embed_state_action = nnx.Linear(Z + action_dim, D, rngs=rngs)
+        self.gru = nnx.GRUCell(D, D, rngs=rngs)
+        self.embed_prior = nnx.Linear(D, H, rngs=rngs)
+        self.prior_head = nnx.Linear(H, 2 * Z, rngs=rngs)
+        self.embed_posterior = nnx.Linear(D + E, H, rngs=rngs)
+        self.posterior_head = nnx.Linear(H, 2 * Z, rngs=rngs)
+        self.min_std = args.min_std
+
+    def _gaussian(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        mean, raw_std = jnp.split(x, 2, axis=-1)
+        return mean, jax.nn.softplus(raw_std) + self.min_std
+
+    def transition(self, belief: jax.Array, state: jax.Array, action: jax.Array) -> jax.Array:
+        hidden = jax.nn.relu(self.embed_state_action(jnp.concatenate([state, action], axis=-1)))
+        return self.gru(belief, hidden)[0]
+
+    def prior(self, belief: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return self._gaussian(self.prior_head(jax.nn.relu(self.embed_prior(belief))))
+
+    def posterior(self, belief: jax.Array, embedding: jax.Array) -> tuple[jax.Array, jax.Array]:
+        hidden = jax.nn.relu(self.embed_posterior(jnp.concatenate([belief, embedding], axis=-1)))
+        return self._gaussian(self.posterior_head(hidden))
+
+
+class WorldModel(nnx.Module):
+    """Encoder, RSSM, image decoder and reward model: one parameter tree, one optimizer."""
+
+    def __init__(self, action_dim: int, args: Args, rngs: nnx.Rngs):
+        self.encoder = Encoder(args.image_shape, args.cnn_depth, args.embedding_size, rngs)
+        self.rssm = RSSM(action_dim, args, rngs)
+        self.decoder = Decoder(args.feature_size, args.image_shape, args.cnn_depth, args.embedding_size, rngs)
+        self.reward = RewardModel(args.feature_size, args.hidden_size, rngs)
+
+
+# --------------------------------------------------------------------------- #
+# Pytrees
+# --------------------------------------------------------------------------- #
+class Step(NamedTuple):
+    """One row of the sequence replay: a frame and how it was reached (leaves
+    [num_envs, ...] when added). An episode of L agent steps is L + 1 rows: its
+    first frame (`first`, no action, no reward), then one row per step holding
+    the frame the step reached (the final observation at an episode end, never
+    the next episode's reset frame)."""
+
+    obs: jax.Array  # [S, S, C] uint8
+    action: jax.Array  # [A] action (scaled to [-1, 1]) that led to this frame; zeros on a first frame
+    reward: jax.Array  # [] reward summed over the action repeat that led here; 0 on a first frame
+    first: jax.Array  # [] bool: first frame of an episode (the RSSM restarts from zeros here)
+
+
+class Latent(NamedTuple):
+    belief: jax.Array  # [..., D] deterministic GRU state h_t
+    state: jax.Array  # [..., Z] stochastic state sample s_t
+
+
+class RSSMOutputs(NamedTuple):
+    """A filtered sequence, leaves [T, B, ...]."""
+
+    belief: jax.Array  # [T, B, D]
+    state: jax.Array  # [T, B, Z] posterior sample
+    prior_mean: jax.Array  # [T, B, Z]
+    prior_std: jax.Array  # [T, B, Z]
+    posterior_mean: jax.Array  # [T, B, Z]
+    posterior_std: jax.Array  # [T, B, Z]
+
+
+@struct.dataclass
+class Agent:
+    """The acting side of one seed: N envs and their filtered latent states."""
+
+    env_state: Any
+    obs: jax.Array  # [N, S, S, C] float in [0, 1]: the frame to be recorded next (a reset frame if need_first)
+    latent: Latent  # [N, ...] posterior up to the last recorded frame
+    need_first: jax.Array  # [N] bool: the next slot records obs as a first frame instead of stepping
+
+
+@struct.dataclass
+class RunnerState:
+    params: nnx.State
+    opt_state: optax.OptState
+    buffer: buffers.Buffer
+    agent: Agent
+    key: jax.Array
+    model_updates: jax.Array  # []
+    env_steps: jax.Array  # [] environment steps, seed episodes included
+
+
+# --------------------------------------------------------------------------- #
+# Algorithm logic (pure functions; the unit tests import these)
+# --------------------------------------------------------------------------- #
+def quantise(image: jax.Array) -> jax.Array:
+    """Float image in [0, 1] -> uint8 (what replay stores)."""
+    return jnp.round(jnp.clip(image, 0.0, 1.0) * 255.0).astype(jnp.uint8)
+
+
+def preprocess_obs(obs: jax.Array, bit_depth: int, key: jax.Array) -> jax.Array:
+    """uint8 frames -> floats in [-0.5, 0.5): reduced to `bit_depth` bits, centred,
+    plus uniform dequantisation noise of one quantisation step (Kaixhin's
+    preprocess_observation_; the paper's 5 bits)."""
+    levels = 2.0**bit_depth
+    reduced = jnp.floor(obs.astype(jnp.float32) / 2.0 ** (8 - bit_depth)) / levels - 0.5
+    return reduced + jax.random.uniform(key, obs.shape) / levels
+
+
+def gaussian_kl(mean_q, std_q, mean_p, std_p) -> jax.Array:
+    """KL(N(mean_q, std_q^2) || N(mean_p, std_p^2)) per dimension:
+    log(std_p / std_q) + (std_q^2 + (mean_q - mean_p)^2) / (2 std_p^2) - 1/2."""
+    return jnp.log(std_p / std_q) + (jnp.square(std_q) + jnp.square(mean_q - mean_p)) / (2.0 * jnp.square(std_p)) - 0.5
+
+
+def kl_with_free_nats(posterior_mean, posterior_std, prior_mean, prior_std, free_nats: float):
+    """Per-step KL(q || p) summed over the state dimensions [..., Z] -> [...],
+    and the loss max(KL, free_nats) [...]: below `free_nats` the KL has no
+    gradient, so the model is not pushed to ignore the images early in training
+    (paper section 3, Kaixhin's kl_loss). Returns (loss, kl)."""
+    chex.assert_equal_shape([posterior_mean, posterior_std, prior_mean, prior_std])
+    kl = gaussian_kl(posterior_mean, posterior_std, prior_mean, prior_std).sum(-1)
+    return jnp.maximum(kl, free_nats), kl
+
+
+def rssm_observe_step(rssm: RSSM, latent: Latent, action, embedding, first, noise) -> tuple[Latent, RSSMOutputs]:
+    """One filtering step, leading axes [...] free: reset to zeros where `first`
+    [...] (an episode's first frame: no previous state or action), then
+    h_t = f(h_{t-1}, s_{t-1}, a_{t-1}), the prior p(s_t | h_t), the posterior
+    q(s_t | h_t, e_t) and a reparameterised sample s_t = mean + std * noise."""
+    keep = (~first)[..., None].astype(jnp.float32)
+    belief = rssm.transition(latent.belief * keep, latent.state * keep, action * keep)
+    prior_mean, prior_std = rssm.prior(belief)
+    posterior_mean, posterior_std = rssm.posterior(belief, embedding)
+    state = posterior_mean + posterior_std * noise
+    return Latent(belief, state), RSSMOutputs(belief, state, prior_mean, prior_std, posterior_mean, posterior_std)
+
+
+def rssm_observe(rssm: RSSM, latent: Latent, actions, embeddings, firsts, noise) -> RSSMOutputs:
+    """Filter a batch of sequences with one `lax.scan` over time.
+
+    latent: initial (belief [B, D], state [B, Z]), usually zeros; actions
+    [T, B, A] (row t: the action that led to frame t), embeddings [T, B, E],
+    firsts [T, B], noise [T, B, Z] standard normal. Returns RSSMOutputs [T, B, ...].
+    """
+    chex.assert_equal_shape_prefix([actions, embeddings, firsts, noise], 2)
+
+    def step(latent, inputs):
+        return rssm_observe_step(rssm, latent, *inputs)
+
+    return jax.lax.scan(step, latent, (actions, embeddings, firsts, noise))[1]
+
+
+def rssm_imagine(rssm: RSSM, latent: Latent, actions, noise) -> tuple[Latent, jax.Array, jax.Array]:
+    """Open-loop prediction with the prior only: from latent [..., D | Z],
+    actions [H, ..., A] and noise [H, ..., Z], returns the predicted latents
+    Latent([H, ..., D], [H, ..., Z]) and the prior (mean, std) [H, ..., Z]."""
+
+    def step(latent, inputs):
+        action, eps = inputs
+        belief = rssm.transition(latent.belief, latent.state, action)
+        mean, std = rssm.prior(belief)
+        new = Latent(belief, mean + std * eps)
+        return new, (new, mean, std)
+
+    return jax.lax.scan(step, latent, (actions, noise))[1]
+
+
+def cem_plan(
+    returns_fn: Callable[[jax.Array, jax.Array], jax.Array],
+    key: jax.Array,
+    horizon: int,
+    action_dim: int,
+    iterations: int,
+    candidates: int,
+    top_k: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Cross-entropy method over action sequences in [-1, 1]^(horizon x A).
+
+    Starts from N(0, 1) per entry; each iteration samples `candidates`
+    sequences [N, H, A] (clipped to the bounds), scores them with
+    `returns_fn(actions [N, H, A], key) -> [N]`, and refits the mean and std to
+    the `top_k` best (paper section 4; Kaixhin's MPCPlanner). Returns the final
+    (mean [H, A], std [H, A], mean return of the last elites []).
+    """
+
+    def iteration(carry, key):
+        mean, std, _ = carry
+        sample_key, score_key = jax.random.split(key)
+        actions = mean + std * jax.random.normal(sample_key, (candidates, horizon, action_dim))
+        actions = jnp.clip(actions, -1.0, 1.0)
+        returns = returns_fn(actions, score_key)
+        chex.assert_shape(returns, (candidates,))
+        elite_returns, elite = jax.lax.top_k(returns, top_k)
+        elites = actions[elite]
+        return (elites.mean(0), elites.std(0), elite_returns.mean()), None
+
+    init = (jnp.zeros((horizon, action_dim)), jnp.ones((horizon, action_dim)), jnp.float32(0.0))
+    return jax.lax.scan(iteration, init, jax.random.split(key, iterations))[0]
+
+
+def overshooting_kl(rssm: RSSM, outputs: RSSMOutputs, actions, firsts, distance: int, free_nats: float,
+                    key: jax.Array) -> jax.Array:
+    """Latent overshooting (paper section 4, eq. 7), the KL terms only: from
+    every filtered latent (h_t, s_t) of outputs [T, B, ...] predict d = 1..distance
+    steps open loop with the prior and the recorded actions [T, B, A], and
+    penalise max(KL(sg(q_{t+d}) || p_{t+d | t}), free_nats) for every d whose
+    target lies inside the chunk and in the same episode (no `first` frame in
+    t+1..t+d). Returns the mean over the valid (d, t, b) terms []."""
+    T = firsts.shape[0]
+    target_mean = jax.lax.stop_gradient(outputs.posterior_mean)
+    target_std = jax.lax.stop_gradient(outputs.posterior_std)
+    index = jnp.arange(T)[:, None]
+
+    def step(carry, inputs):
+        latent, valid = carry
+        d, key = inputs
+        shift = lambda x: jnp.roll(x, -d, axis=0)  # row t now holds row t + d
+        valid = valid & (index + d < T) & ~shift(firsts)
+        belief = rssm.transition(latent.belief, latent.state, shift(actions))
+        mean, std = rssm.prior(belief)
+        latent = Latent(belief, mean + std * jax.random.normal(key, mean.shape))
+        loss, _ = kl_with_free_nats(shift(target_mean), shift(target_std), mean, std, free_nats)
+        return (latent, valid), (jnp.sum(jnp.where(valid, loss, 0.0)), valid.sum())
+
+    start = (Latent(outputs.belief, outputs.state), jnp.ones(firsts.shape, bool))
+    steps = (jnp.arange(1, distance + 1), jax.random.split(key, distance))
+    _, (losses, counts) = jax.lax.scan(step, start, steps)
+    return losses.sum() / jnp.maximum(counts.sum(), 1)
+
+
+# --------------------------------------------------------------------------- #
+# Training
+# --------------------------------------------------------------------------- #
+class PlaNet(NamedTuple):
+    init: Any  # key -> RunnerState (seed episodes collected)
+    update: Any  # RunnerState -> (RunnerState, metrics): collect_interval model updates, one planned episode
+    train: Any  # key -> (RunnerState, metrics [num_updates])
+    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes]
+    model_step: Any  # (params, opt_state, batch Step [B, T], key) -> (params, opt_state, metrics)
+    plan: Any  # (params, latent [D | Z], key) -> (action [A], predicted return [])
+    spec: envs.EnvSpec
+    graphdef: Any  # nnx.GraphDef of WorldModel
+
+
+def make_train(args: Args) -> PlaNet:
+    spec = envs.spec(*envs.make(args.env_id))
+    if spec.discrete:
+        raise ValueError(
+            f"{args.env_id} has a discrete action space; PlaNet plans continuous actions with CEM, so it "
+            "requires a continuous (Box) action space, e.g. Pendulum-v1"
+        )
+    make_pixels = lambda n: pixels.make(args.env_id, n, size=args.image_size, grayscale=args.grayscale)
+    env, env_params = make_pixels(1)
+    eval_env, _ = make_pixels(args.eval_episodes)
+    action_dim = spec.num_actions
+    low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
+    slots = args.episode_steps + 1  # rows per episode: its first frame, then one per agent step
+    steps_per_update, num_updates = args.steps_per_update, args.num_updates
+    if num_updates < 1:
+        raise ValueError(f"total_timesteps={args.total_timesteps} is less than one episode "
+                         f"({steps_per_update} environment steps)")
+    if args.seed_episodes * slots < args.chunk_size:
+        raise ValueError(f"seed_episodes={args.seed_episodes} give {args.seed_episodes * slots} replay rows, fewer "
+                         f"than chunk_size={args.chunk_size}")
+    if args.buffer_size < max(slots, args.chunk_size) + 1:
+        raise ValueError(f"buffer_size={args.buffer_size} must hold more than one episode ({slots} rows) "
+                         f"and chunk_size={args.chunk_size}")
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(action_dim, args, nnx.Rngs(0))))
+    clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
+    tx = optax.chain(*clip, optax.adam(args.learning_rate, eps=args.adam_eps))
+    D, Z = args.belief_size, args.state_size
+
+    def zeros_latent(*lead):
+        return Latent(jnp.zeros((*lead, D)), jnp.zeros((*lead, Z)))
+
+    def features(latent) -> jax.Array:
+        return jnp.concatenate([latent.belief, latent.state], axis=-1)
+
+    # ----- model learning -------------------------------------------------- #
+    def model_loss(params, batch: Step, key):
+        """The ELBO of paper eq. 3 on sequences [B, T]: image MSE summed over
+        pixels, reward MSE (not on first frames, which no reward led to), and
+        max(KL, free nats); each averaged over batch and time."""
+        model = nnx.merge(graphdef, params)
+        obs_key, noise_key, overshoot_key = jax.random.split(key, 3)
+        time_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
+        images = preprocess_obs(time_major.obs, args.bit_depth, obs_key)  # [T, B, S, S, C]
+        T, B = time_major.first.shape
+        outputs = rssm_observe(model.rssm, zeros_latent(B), time_major.action, model.encoder(images),
+                               time_major.first, jax.random.normal(noise_key, (T, B, Z)))
+        feats = features(outputs)
+        observation_loss = jnp.square(model.decoder(feats) - images).sum((-3, -2, -1)).mean()
+        has_reward = (~time_major.first).astype(jnp.float32)
+        reward_error = jnp.square(model.reward(feats) - time_major.reward)
+        reward_loss = jnp.sum(reward_error * has_reward) / jnp.maximum(has_reward.sum(), 1.0)
+        kl_loss, kl = kl_with_free_nats(outputs.posterior_mean, outputs.posterior_std, outputs.prior_mean,
+                                        outputs.prior_std, args.free_nats)
+        metrics = {"observation_loss": observation_loss, "reward_loss": reward_loss, "kl_loss": kl_loss.mean(),
+                   "kl_divergence": kl.mean(), "posterior_std": outputs.posterior_std.mean()}
+        loss = observation_loss + reward_loss + kl_loss.mean()
+        if args.overshooting_kl_beta > 0:
+            overshooting = overshooting_kl(model.rssm, outputs, time_major.action, time_major.first,
+                                           args.overshooting_distance, args.free_nats, overshoot_key)
+            loss = loss + args.overshooting_kl_beta * overshooting
+            metrics["overshooting_kl_loss"] = overshooting
+        return loss, {**metrics, "model_loss": loss}
+
+    def model_step(params, opt_state, batch: Step, key):
+        (_, metrics), grads = jax.value_and_grad(model_loss, has_aux=True)(params, batch, key)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, {**metrics, "grad_norm": optax.tree.norm(grads)}
+
+    # ----- planning and acting ---------------------------------------------- #
+    def plan(params, latent: Latent, key):
+        """CEM in latent space from one filtered latent (belief [D], state [Z]):
+        every candidate is rolled out with the prior (sampled states, as in the
+        paper, or the prior means with `plan_with_mean`) and scored by the sum
+        of predicted rewards. Returns the first action of the final mean [A]
+        and the elites' predicted return []."""
+        model = nnx.merge(graphdef, params)
+
+        def returns_fn(actions, key):  # [N, H, A] -> [N]
+            noise = jax.random.normal(key, (actions.shape[0], args.planning_horizon, Z))
+            if args.plan_with_mean:
+                noise = jnp.zeros_like(noise)
+
+            def rollout(action_sequence, eps):
+                predicted, _, _ = rssm_imagine(model.rssm, latent, action_sequence, eps)
+                return model.reward(features(predicted)).sum()
+
+            return jax.vmap(rollout)(actions, noise)
+
+        mean, _, predicted_return = cem_plan(returns_fn, key, args.planning_horizon, action_dim,
+                                             args.optimisation_iters, args.candidates, args.top_candidates)
+        return mean[0], predicted_return
+
+    def agent_slot(params, agent: Agent, key, env, mode: str, noise_std: float):
+        """One slot for N envs: a first-frame row where `need_first`, otherwise
+        choose an action (uniformly random, or planned + Gaussian noise), repeat
+        it `action_repeat` times (substeps after an episode end are frozen), and
+        record the reached frame; then filter the latent with the recorded row.
+        Returns (agent, (row Step [N], substep info [R, N], predicted return [N]))."""
+        action_key, noise_key, env_key, obs_key, filter_key = jax.random.split(key, 5)
+        n = agent.obs.shape[0]
+        if mode == "random":
+            action = jax.random.uniform(action_key, (n, action_dim), minval=-1.0, maxval=1.0)
+            predicted = jnp.full((n,), jnp.nan)
+        else:
+            action, predicted = jax.vmap(plan, in_axes=(None, 0, 0))(params, agent.latent,
+                                                                    jax.random.split(action_key, n))
+            action = jnp.clip(action + noise_std * jax.random.normal(noise_key, action.shape), -1.0, 1.0)
+        env_action = low + (action + 1.0) * 0.5 * (high - low)
+
+        def substep(carry, key):
+            env_state, reward, done, reached, next_obs = carry
+            obs, new_state, r, terminated, truncated, info = env.step(key, env_state, env_action, env_params)
+            active = ~done
+            select = lambda new, old: jnp.where(active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old)
+            env_state = jax.tree.map(select, new_state, env_state)
+            carry = (env_state, reward + jnp.where(active, r, 0.0), done | (active & (terminated | truncated)),
+                     select(info["final_observation"], reached), select(obs, next_obs))
+            stats = {"episode_done": info["episode_done"] & active, "episode_return": info["episode_return"],
+                     "episode_length": info["episode_length"]}
+            return carry, stats
+
+        # A first-frame slot starts "done": no substep is active, the env is not stepped.
+        init = (agent.env_state, jnp.zeros(n), agent.need_first, agent.obs, agent.obs)
+        (env_state, reward, done, reached, next_obs), stats = jax.lax.scan(
+            substep, init, jax.random.split(env_key, args.action_repeat))
+        row = Step(obs=quantise(reached), action=jnp.where(agent.need_first[:, None], 0.0, action), reward=reward,
+                   first=agent.need_first)
+        latent = agent.latent
+        if mode != "random":  # random acting needs no latent state
+            model = nnx.merge(graphdef, params)
+            embedding = model.encoder(preprocess_obs(row.obs, args.bit_depth, obs_key))
+            latent, _ = rssm_observe_step(model.rssm, latent, row.action, embedding, row.first,
+                                          jax.random.normal(filter_key, (n, Z)))
+        agent = Agent(env_state, next_obs, latent, ~agent.need_first & done)
+        return agent, (row, stats, predicted)
+
+    def collect(state: RunnerState, mode: str, num_slots: int):
+        """`num_slots` slots of the training env into replay; returns the state and
+        (substep info [num_slots, R, 1], predicted returns [num_slots, 1])."""
+        key, slot_key = jax.random.split(state.key)
+
+        def slot(carry, key):
+            agent, buffer = carry
+            agent, (row, stats, predicted) = agent_slot(state.params, agent, key, env, mode, args.exploration_noise)
+            return (agent, buffers.add(buffer, row)), (stats, predicted)
+
+        (agent, buffer), (stats, predicted) = jax.lax.scan(slot, (state.agent, state.buffer),
+                                                           jax.random.split(slot_key, num_slots))
+        return state.replace(agent=agent, buffer=buffer, key=key), (stats, predicted)
+
+    def init(key: jax.Array) -> RunnerState:
+        key, model_key, env_key = jax.random.split(key, 3)
+        params = nnx.split(WorldModel(action_dim, args, nnx.Rngs(model_key)))[1]
+        obs, env_state = env.reset(env_key, env_params)
+        agent = Agent(env_state, obs, zeros_latent(1), jnp.ones((1,), bool))
+        example = Step(jnp.zeros(args.image_shape, jnp.uint8), jnp.zeros(action_dim), jnp.float32(0.0),
+                       jnp.bool_(False))
+        state = RunnerState(params, tx.init(params), buffers.init(example, args.buffer_size, 1), agent, key,
+                            jnp.int32(0), jnp.int32(0))
+        state, _ = collect(state, "random", args.seed_episodes * slots)
+        return state.replace(env_steps=jnp.int32(args.seed_episodes * steps_per_update))
+
+    def update(state: RunnerState):
+        """One PlaNet iteration (paper algorithm 1): `collect_interval` model
+        updates on sequence chunks from replay, then one episode with the
+        planner (plus exploration noise) into replay."""
+
+        def fit(carry, key):
+            params, opt_state = carry
+            sample_key, loss_key = jax.random.split(key)
+            batch = buffers.sample(state.buffer, sample_key, args.batch_size, args.chunk_size).windows
+            params, opt_state, metrics = model_step(params, opt_state, batch, loss_key)
+            return (params, opt_state), metrics
+
+        key, fit_key = jax.random.split(state.key)
+        (params, opt_state), metrics = jax.lax.scan(fit, (state.params, state.opt_state),
+                                                    jax.random.split(fit_key, args.collect_interval))
+        state = state.replace(params=params, opt_state=opt_state, key=key,
+                              model_updates=state.model_updates + args.collect_interval)
+        state, (stats, predicted) = collect(state, "plan", slots)
+        state = state.replace(env_steps=state.env_steps + steps_per_update)
+        return state, {
+            **envs.episode_metrics(stats),
+            **jax.tree.map(jnp.mean, metrics),
+            "predicted_return": jnp.nanmean(predicted),
+            "model_updates": state.model_updates.astype(jnp.float32),
+            "env_steps": state.env_steps.astype(jnp.float32),
+        }
+
+    def train(key: jax.Array):
+        return jax.lax.scan(lambda s, _: update(s), init(key), None, num_updates)
+
+    def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
+        """`eval_episodes` planned episodes at once, no exploration noise; the
+        return of each env's first finished episode [eval_episodes]."""
+        reset_key, key = jax.random.split(key)
+        obs, env_state = eval_env.reset(reset_key, env_params)
+        n = args.eval_episodes
+        agent = Agent(env_state, obs, zeros_latent(n), jnp.ones((n,), bool))
+
+        def slot(carry, key):
+            agent, finished, returns = carry
+            agent, (_, stats, _) = agent_slot(state.params, agent, key, eval_env, "plan", 0.0)
+            for done, episode_return in zip(stats["episode_done"], stats["episode_return"]):  # over the repeat
+                newly = done & ~finished
+                returns, finished = jnp.where(newly, episode_return, returns), finished | newly
+            return (agent, finished, returns), None
+
+        carry = (agent, jnp.zeros(n, bool), jnp.zeros(n))
+        return jax.lax.scan(slot, carry, jax.random.split(key, slots))[0][2]
+
+    return PlaNet(init, update, train, evaluate, model_step, plan, spec, graphdef)
+
+
+# --------------------------------------------------------------------------- #
+# Host loop
+# --------------------------------------------------------------------------- #
+def main(args: Args) -> runner.RunResult:
+    """Train `num_seeds` seeds in chunks of `log_every` iterations (common/runner.py:
+    run directory, metrics.csv, progress, checkpoints with replay, resume), then evaluate."""
+    args = cli.resolve_resume(args)
+    cli.configure_jax(args.compile_cache)
+    algo = make_train(args)
+    return runner.run(
+        args, algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
+        steps_per_update=args.steps_per_update,
+    )
+
+
+if __name__ == "__main__":
+    with cli.user_errors():
+        main(cli.parse(Args, "planet"))

@@ -1,0 +1,766 @@
+"""UniZero: MuZero-style planning with mctx on a transformer world model, the
+whole run in one `jax.jit`.
+
+Paper: Pu et al. 2024, "UniZero: Generalized and Efficient Planning with
+Scalable Latent World Models" (arXiv:2406.10667), built on MuZero (Schrittwieser
+et al. 2020, arXiv:1911.08265) and Gumbel MuZero (Danihelka et al. 2022,
+"Policy improvement by planning with Gumbel", ICLR); search by mctx
+(github.com/google-deepmind/mctx).
+
+The idea: one causal transformer over interleaved (observation-latent, action)
+tokens is the whole model. Heads read the next latent and the reward at action
+tokens, the policy and the value at latent tokens. Acting runs a tree search
+in that model: the root is the transformer over the recent real history, every
+simulation appends an imagined action token and the predicted latent token to
+the node's bounded token window. The search's improved policy picks the action
+and becomes the policy target; replayed windows of `num_unroll_steps` steps
+train all heads at once against observed rewards, n-step value targets from an
+EMA target model, and the target encoder's latent of the next observation:
+
+    loss = 10 latent MSE + 1 reward CE + 1 policy CE(search weights)
+           + 0.5 value CE(two-hot h(n-step return)).
+
+    python algos/unizero.py                          # CartPole-v1 (= --preset cartpole)
+    python algos/unizero.py --preset cartpole-v0     # LightZero's CartPole config (200-step episodes)
+    python algos/unizero.py --search-policy puct     # MuZero's PUCT search with Dirichlet noise
+
+Details, logged metrics and measured results: docs/unizero.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import mctx
+import numpy as np
+import optax
+from flax import nnx, struct
+
+from common import buffers, cli, envs, runner
+
+
+# --------------------------------------------------------------------------- #
+# Arguments
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class Args:
+    """UniZero: a transformer world model planned with mctx (Gumbel MuZero or PUCT)."""
+
+    exp_name: str = "unizero"
+    """name of the experiment: part of the run directory and the plot label"""
+    seed: int = 0
+    """seed of the first run; seed index i uses seed + i"""
+    num_seeds: int = 1
+    """independent seeds trained at once with `jax.vmap`"""
+    env_id: str = "CartPole-v1"
+    """gymnax environment id (discrete actions only)"""
+    total_timesteps: int = 50_000
+    """environment steps per seed"""
+    log_every: int = 5
+    """updates per jitted chunk: metrics, progress and checkpoints happen between chunks"""
+    track: bool = False
+    """log to Weights & Biases (needs the `logging` extra)"""
+    tensorboard: bool = False
+    """write TensorBoard event files into the run directory (needs the `logging` extra)"""
+    save_model: bool = True
+    """write checkpoints of the whole runner state, replay included (needed for --resume)"""
+    checkpoint_every: int = 50
+    """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end"""
+    resume: str | None = None
+    """run directory to resume; its args.json replaces every other flag"""
+    run_root: str = "runs"
+    """directory under which run directories are created"""
+    eval_episodes: int = 10
+    """greedy evaluation episodes per seed at the end of training (with search, no noise)"""
+    compile_cache: bool = True
+    """JAX persistent compilation cache: a second run of the same command skips compiling"""
+
+    # algorithm-specific
+    max_episode_steps: int = 0
+    """time limit of an episode; 0 keeps the env's own (200 for LightZero's CartPole-v0)"""
+    num_envs: int = 8
+    """parallel environments per seed (LightZero: 8 collector envs)"""
+    num_steps: int = 25
+    """steps per env in one update: collect num_envs x num_steps transitions, then train"""
+    replay_ratio: float = 0.25
+    """gradient steps per new env step (LightZero: 0.25); each update runs replay_ratio x num_envs x num_steps"""
+    buffer_size: int = 100_000
+    """replay capacity in transitions per seed"""
+    learning_starts: int = 256
+    """env steps per seed before the first gradient step"""
+    batch_size: int = 256
+    """replayed windows per gradient step"""
+    num_unroll_steps: int = 5
+    """steps per training window (LightZero: 5); also the longest context the model is shown"""
+    td_steps: int = 5
+    """n of the n-step value targets"""
+    gamma: float = 0.997
+    """discount of the value targets and of the search"""
+    context_steps: int = 4
+    """real steps (the current one included) the search root sees, at most num_unroll_steps (LightZero: 8 tokens)"""
+    search_policy: Literal["gumbel", "puct"] = "gumbel"
+    """mctx search: Gumbel MuZero (acts with its Gumbel action) or MuZero's PUCT (acts on visit counts)"""
+    num_simulations: int = 16
+    """simulations per search (LightZero's CartPole: 25 with PUCT)"""
+    max_num_considered_actions: int = 16
+    """Gumbel MuZero: actions sampled without replacement at the root (sequential halving)"""
+    dirichlet_alpha: float = 0.3
+    """PUCT: Dirichlet noise concentration at the root during collection"""
+    dirichlet_fraction: float = 0.25
+    """PUCT: weight of the Dirichlet noise in the root prior during collection"""
+    temperature: float = 0.25
+    """PUCT: collection samples actions from visit counts ^ (1 / temperature)"""
+    latent_coef: float = 10.0
+    """weight of the latent-consistency MSE"""
+    reward_coef: float = 1.0
+    """weight of the reward cross-entropy"""
+    policy_coef: float = 1.0
+    """weight of the policy cross-entropy against the search's action weights"""
+    value_coef: float = 0.5
+    """weight of the value cross-entropy"""
+    learning_rate: float = 1e-4
+    """AdamW learning rate"""
+    weight_decay: float = 1e-4
+    """AdamW weight decay (on matrices only)"""
+    max_grad_norm: float = 5.0
+    """global gradient-norm clip"""
+    target_update_rate: float = 0.05
+    """EMA rate of the target model (latent and value targets), per gradient step"""
+    embed_dim: int = 64
+    """latent and token width"""
+    num_layers: int = 2
+    """transformer layers"""
+    num_heads: int = 2
+    """attention heads"""
+    dropout: float = 0.1
+    """dropout in the transformer during training (LightZero: 0.1); acting and targets run without it"""
+    support_size: int = 101
+    """bins of the categorical reward and value heads, on [-(n-1)/2, (n-1)/2] in h-space"""
+
+    def __post_init__(self):
+        positive = ("num_seeds", "num_envs", "num_steps", "num_unroll_steps", "td_steps", "batch_size", "embed_dim",
+                    "num_layers", "num_heads", "log_every", "checkpoint_every", "eval_episodes", "num_simulations",
+                    "context_steps", "max_num_considered_actions")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.context_steps > self.num_unroll_steps:
+            raise ValueError(
+                f"context_steps={self.context_steps} must be <= num_unroll_steps={self.num_unroll_steps}: "
+                "the root would see a longer history than any training window"
+            )
+        if self.embed_dim % (2 * self.num_heads):
+            raise ValueError(f"embed_dim={self.embed_dim} must divide into num_heads={self.num_heads} even head sizes")
+        if self.support_size % 2 == 0 or self.support_size < 3:
+            raise ValueError(f"support_size must be odd and >= 3, got {self.support_size}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.buffer_size // self.num_envs < self.window_length + 1:
+            raise ValueError(
+                f"buffer_size={self.buffer_size} holds fewer than window_length + 1 = {self.window_length + 1} "
+                f"rows of num_envs={self.num_envs} transitions"
+            )
+        if self.num_updates < 1:
+            raise ValueError(f"total_timesteps={self.total_timesteps} is less than one update ({self.steps_per_update} steps)")
+
+    @property
+    def steps_per_update(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.steps_per_update
+
+    @property
+    def gradient_steps(self) -> int:
+        return max(1, round(self.replay_ratio * self.steps_per_update))
+
+    @property
+    def window_length(self) -> int:
+        """Rows of a replayed window: num_unroll_steps trained steps, then td_steps
+        more whose rewards and observations the n-step targets read."""
+        return self.num_unroll_steps + self.td_steps
+
+
+# --------------------------------------------------------------------------- #
+# Networks
+# --------------------------------------------------------------------------- #
+def h_transform(x: jax.Array, eps: float = 1e-3) -> jax.Array:
+    """h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x (Pohlen et al. 2018), which
+    squashes returns so one categorical support covers them."""
+    return jnp.sign(x) * (jnp.sqrt(jnp.abs(x) + 1.0) - 1.0) + eps * x
+
+
+def h_inverse(y: jax.Array, eps: float = 1e-3) -> jax.Array:
+    """The exact inverse of `h_transform`."""
+    return jnp.sign(y) * (jnp.square((jnp.sqrt(1.0 + 4.0 * eps * (jnp.abs(y) + 1.0 + eps)) - 1.0) / (2.0 * eps)) - 1.0)
+
+
+def two_hot(y: jax.Array, support_size: int) -> jax.Array:
+    """[...] values in h-space -> [..., support_size] probabilities on the integer
+    support [-(n-1)/2, (n-1)/2]: the mass is split between the two nearest bins
+    so the expectation is y (clipped to the support)."""
+    half = (support_size - 1) // 2
+    y = jnp.clip(y, -half, half)
+    low = jnp.floor(y)
+    upper_weight = y - low
+    index = (low + half).astype(jnp.int32)
+    return jax.nn.one_hot(index, support_size) * (1.0 - upper_weight)[..., None] + jax.nn.one_hot(
+        jnp.minimum(index + 1, support_size - 1), support_size
+    ) * upper_weight[..., None]
+
+
+def scalar_to_probs(x: jax.Array, support_size: int) -> jax.Array:
+    return two_hot(h_transform(x), support_size)
+
+
+def logits_to_scalar(logits: jax.Array) -> jax.Array:
+    """[..., n] categorical logits -> [...] scalars: expectation on the support, then h^-1."""
+    half = (logits.shape[-1] - 1) // 2
+    support = jnp.arange(-half, half + 1, dtype=jnp.float32)
+    return h_inverse(jnp.sum(jax.nn.softmax(logits, axis=-1) * support, axis=-1))
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float = 1e4) -> jax.Array:
+    """Rotary position embedding (Su et al. 2021): x [B, T, H, Dh], positions [B, T]."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions[..., None, None].astype(jnp.float32) * freqs  # [B, T, 1, half]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * jnp.cos(angles) - x2 * jnp.sin(angles), x1 * jnp.sin(angles) + x2 * jnp.cos(angles)], -1)
+
+
+def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+    """Inverted dropout; identity without a key (acting, evaluation) or at rate 0."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+class Block(nnx.Module):
+    """Pre-LayerNorm transformer block: x += attn(ln(x)); x += mlp(ln(x))."""
+
+    def __init__(self, dim: int, heads: int, dropout_rate: float, rngs: nnx.Rngs):
+        self.norm1, self.norm2 = nnx.LayerNorm(dim, rngs=rngs), nnx.LayerNorm(dim, rngs=rngs)
+        self.qkv = nnx.Linear(dim, 3 * dim, rngs=rngs)
+        self.proj = nnx.Linear(dim, dim, rngs=rngs)
+        self.mlp_in, self.mlp_out = nnx.Linear(dim, 4 * dim, rngs=rngs), nnx.Linear(4 * dim, dim, rngs=rngs)
+        self.heads, self.dropout_rate = heads, dropout_rate
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        """x [B, T, D], positions [B, T], mask [B, T, T] (True: query may attend to key);
+        `key` turns dropout on (training)."""
+        keys = [None] * 3 if key is None else list(jax.random.split(key, 3))
+        batch, length, dim = x.shape
+        q, k, v = jnp.split(self.qkv(self.norm1(x)).reshape(batch, length, 3 * self.heads, dim // self.heads), 3, axis=2)
+        q, k = rope(q, positions), rope(k, positions)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dim // self.heads)
+        scores = jnp.where(mask[:, None], scores, -1e30)
+        attention = dropout(jax.nn.softmax(scores, axis=-1), self.dropout_rate, keys[0])
+        out = jnp.einsum("bhqk,bkhd->bqhd", attention, v).reshape(batch, length, dim)
+        x = x + dropout(self.proj(out), self.dropout_rate, keys[1])
+        return x + dropout(self.mlp_out(jax.nn.gelu(self.mlp_in(self.norm2(x)))), self.dropout_rate, keys[2])
+
+
+def head(dim: int, out: int, rngs: nnx.Rngs) -> nnx.Sequential:
+    """Linear -> GELU -> Linear with a zero-initialised output layer (LightZero's heads)."""
+    return nnx.Sequential(nnx.Linear(dim, dim, rngs=rngs), jax.nn.gelu,
+                          nnx.Linear(dim, out, kernel_init=nnx.initializers.zeros_init(), rngs=rngs))
+
+
+class Encoder(nnx.Module):
+    """obs [..., *obs_shape] -> latent [..., D]: MLP (Linear -> LayerNorm -> GELU, twice)
+    and a final LayerNorm, for vector observations; for images (MinAtar) a 3x3
+    convolution written as patches @ kernel first (docs/ppo.md, detail 13).
+    LightZero uses BatchNorm inside the MLP; LayerNorm avoids batch statistics."""
+
+    def __init__(self, obs_shape: tuple[int, ...], dim: int, rngs: nnx.Rngs):
+        self.image = len(obs_shape) == 3
+        if self.image:
+            height, width, channels = obs_shape
+            self.conv = nnx.Linear(9 * channels, 16, rngs=rngs)
+            features = (height - 2) * (width - 2) * 16
+        else:
+            features = int(np.prod(obs_shape))
+        self.linear1, self.norm1 = nnx.Linear(features, dim, rngs=rngs), nnx.LayerNorm(dim, rngs=rngs)
+        self.linear2, self.norm2 = nnx.Linear(dim, dim, rngs=rngs), nnx.LayerNorm(dim, rngs=rngs)
+        self.out_norm = nnx.LayerNorm(dim, rngs=rngs)
+
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        if self.image:
+            height, width = obs.shape[-3] - 2, obs.shape[-2] - 2
+            patches = jnp.concatenate([obs[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], -1)
+            x = jax.nn.relu(self.conv(patches))
+            x = x.reshape(x.shape[:-3] + (-1,))
+        else:
+            x = obs
+        x = jax.nn.gelu(self.norm1(self.linear1(x)))
+        x = jax.nn.gelu(self.norm2(self.linear2(x)))
+        return self.out_norm(x)
+
+
+class WorldModel(nnx.Module):
+    """UniZero's model: encoder, action embedding, causal transformer, heads.
+
+    Tokens come in (latent, action) pairs; the latent of env timestep t sits at
+    position 2t and its action at 2t + 1. `transformer` runs any token sequence;
+    the heads read the next latent (with LayerNorm) and the reward at action
+    tokens, the policy and the value at latent tokens.
+    """
+
+    def __init__(self, obs_shape, num_actions: int, args: Args, rngs: nnx.Rngs):
+        dim = args.embed_dim
+        self.encoder = Encoder(obs_shape, dim, rngs)
+        self.action_embedding = nnx.Embed(num_actions, dim, rngs=rngs)
+        self.blocks = nnx.List([Block(dim, args.num_heads, args.dropout, rngs) for _ in range(args.num_layers)])
+        self.final_norm = nnx.LayerNorm(dim, rngs=rngs)
+        self.latent_head = head(dim, dim, rngs)
+        self.latent_norm = nnx.LayerNorm(dim, rngs=rngs)
+        self.reward_head = head(dim, args.support_size, rngs)
+        self.policy_head = head(dim, num_actions, rngs)
+        self.value_head = head(dim, args.support_size, rngs)
+
+    def transformer(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array, key=None) -> jax.Array:
+        """tokens [B, T, D], positions [B, T], mask [B, T, T] -> hidden states [B, T, D]."""
+        keys = [None] * len(self.blocks) if key is None else list(jax.random.split(key, len(self.blocks)))
+        for block, block_key in zip(self.blocks, keys):
+            tokens = block(tokens, positions, mask, block_key)
+        return self.final_norm(tokens)
+
+    def next_latent(self, hidden: jax.Array) -> jax.Array:
+        return self.latent_norm(self.latent_head(hidden))
+
+
+class Window(NamedTuple):
+    """A chunk of `num_unroll_steps` steps as the model sees it; leaves [B, K, ...]."""
+
+    obs: jax.Array  # [B, K, *obs_shape]
+    action: jax.Array  # [B, K] int32
+    timestep: jax.Array  # [B, K] env timestep of each step's observation
+    segment: jax.Array  # [B, K] episode index within the chunk (tokens attend within one segment)
+    obs_valid: jax.Array  # [B, K] bool: step k's latent token exists
+    action_valid: jax.Array  # [B, K] bool: step k's action token exists
+
+
+def window_tokens(model: WorldModel, window: Window, latents: jax.Array | None = None):
+    """Interleave a window into 2K tokens [o_0, a_0, ..., o_{K-1}, a_{K-1}] with
+    their positions (2t, 2t + 1) and the attention mask: causal, within one
+    segment (episode), and only among tokens that exist."""
+    latents = model.encoder(window.obs) if latents is None else latents  # [B, K, D]
+    actions = model.action_embedding(window.action)
+    batch, steps, dim = latents.shape
+    tokens = jnp.stack([latents, actions], axis=2).reshape(batch, 2 * steps, dim)
+    positions = jnp.stack([2 * window.timestep, 2 * window.timestep + 1], axis=2).reshape(batch, 2 * steps)
+    valid = jnp.stack([window.obs_valid, window.action_valid], axis=2).reshape(batch, 2 * steps)
+    segment = jnp.repeat(window.segment, 2, axis=1)
+    causal = jnp.tril(jnp.ones((2 * steps, 2 * steps), bool))
+    mask = causal[None] & (segment[:, :, None] == segment[:, None, :]) & valid[:, None, :]
+    mask = mask | jnp.eye(2 * steps, dtype=bool)[None]  # every token attends at least to itself
+    return tokens, positions, mask
+
+
+def forward_window(model: WorldModel, window: Window, key: jax.Array | None = None):
+    """One pass over a window. Returns, per step [B, K, ...]: policy logits and
+    value logits (at latent tokens), next-latent predictions and reward logits
+    (at action tokens). `key` turns dropout on."""
+    tokens, positions, mask = window_tokens(model, window)
+    hidden = model.transformer(tokens, positions, mask, key)
+    at_latent, at_action = hidden[:, 0::2], hidden[:, 1::2]
+    return model.policy_head(at_latent), model.value_head(at_latent), model.next_latent(at_action), model.reward_head(at_action)
+
+
+def last_hidden(model: WorldModel, node: "SearchNode") -> jax.Array:
+    """Hidden state [B, D] of the last token of a token window (causal, valid tokens only)."""
+    width = node.tokens.shape[1]
+    mask = (jnp.tril(jnp.ones((width, width), bool))[None] & node.valid[:, None, :]) | jnp.eye(width, dtype=bool)[None]
+    return model.transformer(node.tokens, node.positions, mask)[:, -1]
+
+
+def push_token(node: "SearchNode", token: jax.Array, position: jax.Array) -> "SearchNode":
+    """Append a token [B, D] at `position` [B], dropping the oldest (a FIFO of fixed width)."""
+    return SearchNode(jnp.concatenate([node.tokens[:, 1:], token[:, None]], 1),
+                      jnp.concatenate([node.positions[:, 1:], position[:, None]], 1),
+                      jnp.concatenate([node.valid[:, 1:], jnp.ones_like(node.valid[:, :1])], 1))
+
+
+def imagine_step(model: WorldModel, node: "SearchNode", action: jax.Array):
+    """One step inside the model: append the action token, whose hidden state
+    predicts the reward and the next latent; append that latent, whose hidden
+    state gives the policy and the value. Returns
+    (node, reward [B], latent [B, D], policy logits [B, A], value [B])."""
+    node = push_token(node, model.action_embedding(action), node.positions[:, -1] + 1)
+    at_action = last_hidden(model, node)
+    latent = model.next_latent(at_action)
+    node = push_token(node, latent, node.positions[:, -1] + 1)
+    at_latent = last_hidden(model, node)
+    return (node, logits_to_scalar(model.reward_head(at_action)), latent, model.policy_head(at_latent),
+            logits_to_scalar(model.value_head(at_latent)))
+
+
+def root_node(model: WorldModel, history: "History", width: int) -> "SearchNode":
+    """The real history [o_{t-C+1}, a_{t-C+1}, ..., o_t] (2C - 1 tokens: the
+    current observation last, its action not chosen yet) as a token window of
+    `width` tokens, left-padded with invalid slots. Steps of an earlier episode
+    are already invalid in `history`."""
+    latents = model.encoder(history.obs)  # [B, C, D]
+    actions = model.action_embedding(history.action)
+    batch, steps, dim = latents.shape
+    tokens = jnp.stack([latents, actions], axis=2).reshape(batch, 2 * steps, dim)[:, :-1]
+    positions = jnp.stack([2 * history.timestep, 2 * history.timestep + 1], axis=2).reshape(batch, 2 * steps)[:, :-1]
+    valid = jnp.repeat(history.valid, 2, axis=1)[:, :-1]
+    pad = width - (2 * steps - 1)
+    return SearchNode(jnp.pad(tokens, ((0, 0), (pad, 0), (0, 0))), jnp.pad(positions, ((0, 0), (pad, 0))),
+                      jnp.pad(valid, ((0, 0), (pad, 0))))
+
+
+def lone_values(model: WorldModel, obs: jax.Array, timestep: jax.Array) -> jax.Array:
+    """V(obs) with no history: each latent alone at position 2 timestep.
+    obs [B, T, *obs_shape], timestep [B, T] -> values [B, T]."""
+    latents = model.encoder(obs)
+    batch, steps, dim = latents.shape
+    hidden = model.transformer(latents.reshape(batch * steps, 1, dim), 2 * timestep.reshape(batch * steps, 1),
+                               jnp.ones((batch * steps, 1, 1), bool))
+    return logits_to_scalar(model.value_head(hidden[:, 0])).reshape(batch, steps)
+
+
+# --------------------------------------------------------------------------- #
+# Pytrees
+# --------------------------------------------------------------------------- #
+class Transition(NamedTuple):
+    """One collected step of every env as the replay stores it; the buffer adds
+    [rows] in front, a sampled window is [B, L, ...]."""
+
+    obs: jax.Array  # [N, *obs_shape]
+    action: jax.Array  # [N] int32
+    reward: jax.Array  # [N]
+    terminated: jax.Array  # [N] bool
+    truncated: jax.Array  # [N] bool
+    next_obs: jax.Array  # [N, *obs_shape] info["final_observation"]: the next obs, or an ended episode's last one
+    timestep: jax.Array  # [N] int32 env timestep of obs (0 at an episode start)
+    search_policy: jax.Array  # [N, A] the search's action weights: the policy target
+    root_value: jax.Array  # [N] the search's value of the root
+
+
+@struct.dataclass
+class History:
+    """The last C real steps of every env, the search root's context; leaves [N, C, ...],
+    the current step last."""
+
+    obs: jax.Array  # [N, C, *obs_shape]
+    action: jax.Array  # [N, C] int32 (the last slot's action is not chosen yet when the root is built)
+    timestep: jax.Array  # [N, C] int32
+    valid: jax.Array  # [N, C] bool: the slot holds a step of the running episode
+
+
+class SearchNode(NamedTuple):
+    """mctx embedding of a search node: the last 2K tokens leading to it, [B, 2K, ...]."""
+
+    tokens: jax.Array  # [B, 2K, D]
+    positions: jax.Array  # [B, 2K]
+    valid: jax.Array  # [B, 2K] bool
+
+
+@struct.dataclass
+class RunnerState:
+    params: nnx.State
+    target_params: nnx.State  # EMA of params: latent and value targets
+    opt_state: optax.OptState
+    buffer: buffers.Buffer  # Transition, leaves [rows, N, ...]
+    env_state: Any
+    obs: jax.Array  # [N, *obs_shape]
+    timestep: jax.Array  # [N] env timestep of obs
+    history: History
+    key: jax.Array
+    env_steps: jax.Array  # [] env steps so far (per seed)
+    gradient_steps: jax.Array  # []
+
+
+# --------------------------------------------------------------------------- #
+# Algorithm logic (pure functions; the unit tests import these)
+# --------------------------------------------------------------------------- #
+def observe(history: History, obs: jax.Array, timestep: jax.Array) -> History:
+    """Shift the history one step and write the current observation [N, ...] last."""
+    shift = lambda old, new: jnp.concatenate([old[:, 1:], new[:, None]], axis=1)
+    return History(shift(history.obs, obs), shift(history.action, jnp.zeros_like(history.action[:, 0])),
+                   shift(history.timestep, timestep), shift(history.valid, jnp.ones_like(history.valid[:, 0])))
+
+
+def record_action(history: History, action: jax.Array, done: jax.Array) -> History:
+    """Write the chosen action [N] into the last slot; an episode that ended
+    leaves nothing for the next root to see."""
+    return history.replace(action=history.action.at[:, -1].set(action), valid=history.valid & ~done[:, None])
+
+
+def n_step_value_targets(rewards, terminated, truncated, window_values, final_values, gamma: float, n: int):
+    """n-step value targets for the first K steps of replayed windows (MuZero's
+    z_t, with episode ends handled as in Gymnasium):
+
+        z_t = sum_{i <= k} gamma^i r_{t+i} + gamma^(k+1) (1 - terminated_{t+k}) V_{t+k}
+
+    where k is the first i < n whose step ended the episode (else n - 1). Without
+    an end, V_{t+n-1} = window_values[t] is the target model's value of the
+    observation n steps later; after a truncation it is final_values[t + k],
+    the value of that step's final observation; after a termination it is 0.
+
+    rewards, terminated, truncated: [B, L] with L >= K + n - 1;
+    window_values: [B, K]; final_values: [B, L]. Returns [B, K]."""
+    chex.assert_equal_shape([rewards, terminated, truncated, final_values])
+    steps = window_values.shape[1]
+    index = jnp.arange(steps)[:, None] + jnp.arange(n)[None, :]  # [K, n]
+    reward, term = rewards[:, index], terminated[:, index]  # [B, K, n]
+    done = (term | truncated[:, index]).astype(jnp.float32)
+    alive = jnp.cumprod(jnp.concatenate([jnp.ones_like(done[..., :1]), 1.0 - done[..., :-1]], -1), -1)
+    returns = jnp.sum(gamma ** jnp.arange(n, dtype=jnp.float32) * reward * alive, -1)
+    ended = done.any(-1)
+    first = jnp.where(ended, jnp.argmax(done, -1), n - 1)  # [B, K]
+    terminated_first = jnp.take_along_axis(term, first[..., None], -1)[..., 0]
+    discount = gamma ** (first + 1.0) * (1.0 - terminated_first.astype(jnp.float32))
+    final = jnp.take_along_axis(final_values, jnp.arange(steps)[None] + first, axis=1)
+    return returns + discount * jnp.where(ended, final, window_values)
+
+
+def cross_entropy(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
+    return -jnp.sum(target_probs * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+
+
+# --------------------------------------------------------------------------- #
+# Training
+# --------------------------------------------------------------------------- #
+class UniZero(NamedTuple):
+    init: Any  # key -> RunnerState
+    update: Any  # RunnerState -> (RunnerState, metrics)
+    train: Any  # key -> (RunnerState, metrics [num_updates])
+    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes] (search, no noise)
+    root_fn: Any  # (params, History) -> mctx.RootFnOutput
+    recurrent_fn: Any  # mctx recurrent_fn(params, key, action [B], SearchNode) -> (RecurrentFnOutput, SearchNode)
+    search: Any  # (params, History, key, explore) -> mctx.PolicyOutput
+    loss: Any  # (params, target_params, windows [B, L], key) -> (loss, metrics)
+    graphdef: Any
+    spec: envs.EnvSpec
+
+
+def make_train(args: Args) -> UniZero:
+    max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
+    spec = envs.spec(*envs.make(args.env_id, **max_steps))
+    if not spec.discrete:
+        raise ValueError(
+            f"{args.env_id} has a continuous action space ({spec.num_actions}-dimensional Box); UniZero's tree search "
+            "here needs discrete actions (algos/ppo.py or algos/mpo.py handle continuous control)"
+        )
+    env, env_params = envs.make(args.env_id, args.num_envs, **max_steps)
+    eval_env, _ = envs.make(args.env_id, args.eval_episodes, **max_steps)
+    K, n, N, C, L = args.num_unroll_steps, args.td_steps, args.num_envs, args.context_steps, args.window_length
+    W = 2 * K  # tokens a search node carries: the longest context training shows
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(0))))
+
+    def model(params) -> WorldModel:
+        return nnx.merge(graphdef, params)
+
+    # AdamW with weight decay on matrices only (LightZero's configure_optimizers).
+    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(args.max_grad_norm),
+        optax.adamw(args.learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask),
+    )
+
+    def empty_history(num: int) -> History:
+        return History(obs=jnp.zeros((num, C) + spec.obs_shape), action=jnp.zeros((num, C), jnp.int32),
+                       timestep=jnp.zeros((num, C), jnp.int32), valid=jnp.zeros((num, C), bool))
+
+    def init(key: jax.Array) -> RunnerState:
+        key, model_key, env_key = jax.random.split(key, 3)
+        params = nnx.split(WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(model_key)))[1]
+        obs, env_state = env.reset(env_key, env_params)
+        example = Transition(obs=obs[0], action=jnp.int32(0), reward=jnp.float32(0), terminated=jnp.bool_(False),
+                             truncated=jnp.bool_(False), next_obs=obs[0], timestep=jnp.int32(0),
+                             search_policy=jnp.zeros(spec.num_actions), root_value=jnp.float32(0))
+        return RunnerState(
+            params=params, target_params=params, opt_state=optimizer.init(params),
+            buffer=buffers.init(example, args.buffer_size, N), env_state=env_state, obs=obs,
+            timestep=jnp.zeros(N, jnp.int32), history=empty_history(N), key=key, env_steps=jnp.int32(0),
+            gradient_steps=jnp.int32(0),
+        )
+
+    # ---- Search (mctx) -------------------------------------------------------------------
+    def root_fn(params, history: History) -> mctx.RootFnOutput:
+        """The transformer over the recent real history: prior and value at the
+        current latent; the token window is the root's embedding."""
+        world = model(params)
+        node = root_node(world, history, W)
+        hidden = last_hidden(world, node)
+        return mctx.RootFnOutput(prior_logits=world.policy_head(hidden), value=logits_to_scalar(world.value_head(hidden)),
+                                 embedding=node)
+
+    def recurrent_fn(params, _key, action, node: SearchNode):
+        """mctx dynamics: one imagined step from every node of the batch. No
+        terminal head: every edge is discounted by gamma (LightZero's UniZero)."""
+        node, reward, _, prior_logits, value = imagine_step(model(params), node, action)
+        return mctx.RecurrentFnOutput(reward=reward, discount=jnp.full(action.shape, args.gamma),
+                                      prior_logits=prior_logits, value=value), node
+
+    def search(params, history: History, key: jax.Array, explore: bool) -> mctx.PolicyOutput:
+        """`explore` (collection): Gumbel noise, or Dirichlet noise and visit
+        counts at `temperature`; otherwise (evaluation) greedy and noise-free."""
+        root = root_fn(params, history)
+        if args.search_policy == "gumbel":
+            return mctx.gumbel_muzero_policy(params, key, root, recurrent_fn, args.num_simulations,
+                                             max_num_considered_actions=args.max_num_considered_actions,
+                                             gumbel_scale=1.0 if explore else 0.0)
+        return mctx.muzero_policy(params, key, root, recurrent_fn, args.num_simulations,
+                                  dirichlet_fraction=args.dirichlet_fraction if explore else 0.0,
+                                  dirichlet_alpha=args.dirichlet_alpha, temperature=args.temperature if explore else 0.0)
+
+    # ---- Collection ----------------------------------------------------------------------
+    def collect_step(state: RunnerState, _):
+        """One env step of every env, acting with the search; the step goes to replay."""
+        key, search_key, step_key = jax.random.split(state.key, 3)
+        history = observe(state.history, state.obs, state.timestep)
+        out = search(state.params, history, search_key, explore=True)
+        next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, state.env_state, out.action, env_params)
+        done = terminated | truncated
+        transition = Transition(
+            obs=state.obs, action=out.action, reward=reward.astype(jnp.float32), terminated=terminated,
+            truncated=truncated, next_obs=info["final_observation"], timestep=state.timestep,
+            search_policy=out.action_weights, root_value=out.search_tree.summary().value,
+        )
+        state = state.replace(
+            buffer=buffers.add(state.buffer, transition), env_state=env_state, obs=next_obs,
+            timestep=jnp.where(done, 0, state.timestep + 1), history=record_action(history, out.action, done), key=key,
+            env_steps=state.env_steps + N,
+        )
+        weights = out.action_weights
+        stats = {"root_value": transition.root_value.mean(),
+                 "search_entropy": -jnp.sum(weights * jnp.log(weights + 1e-12), -1).mean()}
+        return state, ({k: info[k] for k in ("episode_done", "episode_return", "episode_length")}, stats)
+
+    # ---- Learning ------------------------------------------------------------------------
+    def loss_fn(params, target_params, windows: Transition, key):
+        """The four losses on replayed windows, leaves [B, L, ...]: the first K
+        rows are trained, the rows after them feed the n-step targets."""
+        world, target = model(params), model(target_params)
+        batch = windows.action.shape[0]
+        done = windows.terminated | windows.truncated
+        # Episode index inside the window: the row after an ended one starts a new
+        # episode, and attention never crosses from one episode to another.
+        segment = jnp.cumsum(jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), done[:, :-1].astype(jnp.int32)], 1), 1)
+        ones = jnp.ones((batch, K), bool)
+        rows = lambda x, start: x[:, start : start + K]
+        window_at = lambda start: Window(rows(windows.obs, start), rows(windows.action, start),
+                                         rows(windows.timestep, start), rows(segment, start), ones, ones)
+        policy_logits, value_logits, next_latents, reward_logits = forward_window(
+            world, window_at(0), key if args.dropout > 0 else None)
+
+        # Targets from the EMA model, no dropout, no gradient.
+        latent_targets = target.encoder(rows(windows.next_obs, 0))
+        # V(o_{t+n}) as LightZero reads it: a fresh window starting n rows later.
+        window_values = logits_to_scalar(forward_window(target, window_at(n))[1])
+        # V(final observation) of each row, for n steps cut short by a truncation.
+        final_values = lone_values(target, windows.next_obs, windows.timestep + 1)
+        value_targets = n_step_value_targets(windows.reward, windows.terminated, windows.truncated, window_values,
+                                             final_values, args.gamma, n)
+        latent_targets, value_targets = jax.lax.stop_gradient((latent_targets, value_targets))
+
+        latent_loss = jnp.mean(jnp.square(next_latents - latent_targets))
+        reward_loss = jnp.mean(cross_entropy(reward_logits, scalar_to_probs(rows(windows.reward, 0), args.support_size)))
+        policy_loss = jnp.mean(cross_entropy(policy_logits, rows(windows.search_policy, 0)))
+        value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(value_targets, args.support_size)))
+        total = (args.latent_coef * latent_loss + args.reward_coef * reward_loss + args.policy_coef * policy_loss
+                 + args.value_coef * value_loss)
+        log_policy = jax.nn.log_softmax(policy_logits)
+        return total, {
+            "loss": total, "latent_loss": latent_loss, "reward_loss": reward_loss, "policy_loss": policy_loss,
+            "value_loss": value_loss, "value_target": value_targets.mean(),
+            "value_prediction": logits_to_scalar(value_logits).mean(),
+            "policy_entropy": -jnp.mean(jnp.sum(jnp.exp(log_policy) * log_policy, -1)),
+        }
+
+    def learn(state: RunnerState, _):
+        """One gradient step on `batch_size` uniformly replayed windows, then the EMA."""
+        key, sample_key, dropout_key = jax.random.split(state.key, 3)
+        sample = buffers.sample(state.buffer, sample_key, args.batch_size, L)
+        grads, stats = jax.grad(loss_fn, has_aux=True)(state.params, state.target_params, sample.windows, dropout_key)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        rate = args.target_update_rate
+        target_params = jax.tree.map(lambda t, p: (1 - rate) * t + rate * p, state.target_params, params)
+        state = state.replace(params=params, target_params=target_params, opt_state=opt_state, key=key,
+                              gradient_steps=state.gradient_steps + 1)
+        return state, {**stats, "grad_norm": optax.tree.norm(grads)}
+
+    def update(state: RunnerState):
+        """num_steps steps of every env with search, then replay_ratio x new
+        steps gradient steps once `learning_starts` steps are in replay."""
+        state, (episode_info, search_stats) = jax.lax.scan(collect_step, state, None, args.num_steps)
+        learning = (state.env_steps >= args.learning_starts) & buffers.valid_starts(state.buffer, L).any()
+
+        def do_learn(state):
+            return jax.lax.scan(learn, state, None, args.gradient_steps)
+
+        def skip(state):
+            shapes = jax.eval_shape(do_learn, state)[1]
+            return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
+
+        state, stats = jax.lax.cond(learning, do_learn, skip, state)
+        metrics = {
+            **envs.episode_metrics(episode_info),
+            **jax.tree.map(jnp.mean, stats),
+            **jax.tree.map(jnp.mean, search_stats),
+            "gradient_steps": state.gradient_steps.astype(jnp.float32),
+            "buffer_size": (state.buffer.size * N).astype(jnp.float32),
+        }
+        return state, metrics
+
+    def train(key: jax.Array):
+        return jax.lax.scan(lambda s, _: update(s), init(key), None, args.num_updates)
+
+    def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
+        """One episode per eval env, acting greedily with the search (no
+        Gumbel or Dirichlet noise, argmax); the root sees the same history as in
+        collection."""
+        reset_key, key = jax.random.split(key)
+        obs, env_state = eval_env.reset(reset_key, env_params)
+        E = args.eval_episodes
+
+        def body(carry):
+            obs, env_state, timestep, history, key, finished, returns, t = carry
+            key, search_key, step_key = jax.random.split(key, 3)
+            history = observe(history, obs, timestep)
+            action = search(state.params, history, search_key, explore=False).action
+            obs, env_state, _, terminated, truncated, info = eval_env.step(step_key, env_state, action, env_params)
+            done = terminated | truncated
+            newly = info["episode_done"] & ~finished
+            returns = jnp.where(newly, info["episode_return"], returns)
+            return (obs, env_state, jnp.where(done, 0, timestep + 1), record_action(history, action, done), key,
+                    finished | newly, returns, t + 1)
+
+        def keep_going(carry):
+            return ~jnp.all(carry[5]) & (carry[7] < spec.max_episode_steps + 1)
+
+        carry = (obs, env_state, jnp.zeros(E, jnp.int32), empty_history(E), key, jnp.zeros(E, bool), jnp.zeros(E), 0)
+        return jax.lax.while_loop(keep_going, body, carry)[6]
+
+    return UniZero(init, update, train, evaluate, root_fn, recurrent_fn, search, loss_fn, graphdef, spec)
+
+
+# --------------------------------------------------------------------------- #
+# Host loop
+# --------------------------------------------------------------------------- #
+def main(args: Args) -> runner.RunResult:
+    """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
+    run directory, metrics.csv, progress, checkpoints with replay, resume), then
+    evaluate greedily with the search."""
+    args = cli.resolve_resume(args)
+    cli.configure_jax(args.compile_cache)
+    algo = make_train(args)
+    return runner.run(args, algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
+                      steps_per_update=args.steps_per_update)
+
+
+if __name__ == "__main__":
+    with cli.user_errors():
+        main(cli.parse(Args, "unizero"))

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Every UniZero number and curve in docs/unizero.md comes from this script.
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|search-cost|all]
+# SEEDS (default 4) sets the seed count of the learning curves.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=benchmarks/out/unizero
+PY=${PYTHON:-python}
+SEEDS=${SEEDS:-4}
+what=${1:-all}
+
+if [[ $what == cartpole-v0 || $what == all ]]; then
+  rm -rf "$OUT/cartpole-v0"
+  $PY algos/unizero.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/cartpole-v0"
+  $PY -m common.plot $OUT/cartpole-v0/* --out docs/img/unizero_cartpole_v0.png \
+    --title "UniZero on CartPole-v0 (200-step cap), $SEEDS seeds"
+fi
+if [[ $what == puct || $what == all ]]; then
+  rm -rf "$OUT/cartpole-v0-puct"
+  $PY algos/unizero.py --preset cartpole-v0-puct --num-seeds "$SEEDS" --run-root "$OUT/cartpole-v0-puct"
+  $PY -m common.plot $OUT/cartpole-v0/* $OUT/cartpole-v0-puct/* --out docs/img/unizero_gumbel_vs_puct_v0.png \
+    --title "CartPole-v0, $SEEDS seeds: Gumbel MuZero (16 sims) vs PUCT (25 sims)"
+fi
+if [[ $what == cartpole || $what == all ]]; then
+  rm -rf "$OUT/cartpole" "$OUT/ppo-cartpole"
+  $PY algos/unizero.py --preset cartpole --num-seeds "$SEEDS" --run-root "$OUT/cartpole"
+  $PY algos/ppo.py --preset cartpole --total-timesteps 50000 --num-seeds "$SEEDS" --run-root "$OUT/ppo-cartpole" \
+    --exp-name ppo
+  $PY -m common.plot $OUT/cartpole/* $OUT/ppo-cartpole/* --out docs/img/unizero_vs_ppo_cartpole.png \
+    --title "CartPole-v1, $SEEDS seeds: UniZero vs PPO at equal env steps"
+fi
+if [[ $what == breakout || $what == all ]]; then
+  rm -rf "$OUT/breakout-minatar" "$OUT/ppo-breakout-minatar"
+  $PY algos/unizero.py --preset breakout-minatar --num-seeds "$SEEDS" --run-root "$OUT/breakout-minatar"
+  $PY algos/ppo.py --preset breakout-minatar --total-timesteps 500000 --num-seeds "$SEEDS" \
+    --run-root "$OUT/ppo-breakout-minatar" --exp-name ppo-minatar
+  $PY -m common.plot $OUT/breakout-minatar/* $OUT/ppo-breakout-minatar/* --out docs/img/unizero_vs_ppo_breakout.png \
+    --title "Breakout-MinAtar, $SEEDS seeds: UniZero vs PPO at equal env steps"
+fi
+if [[ $what == search-cost || $what == all ]]; then
+  $PY benchmarks/unizero_search_cost.py --out "$OUT/search_cost.json"
+fi

@@ -1,0 +1,146 @@
+"""Pixel observations in pure JAX: renderers and a wrapper that swaps an env's
+observation vector for an image, so a pixel-based agent stays inside `jax.jit`.
+
+A renderer maps one observation vector to an image, `render(obs [O]) ->
+[size, size, C]` floats in [0, 1], drawn with anti-aliased signed distance
+fields (every pixel's coverage of a shape is `clip(0.5 - distance, 0, 1)`, the
+distance in pixels): no host code, so it jits, vmaps and runs inside
+`lax.scan`. Rendering from the observation rather than the env state means
+`info["final_observation"]` (the vector the step reached before an automatic
+reset) renders exactly like `obs`.
+
+    env, env_params = pixels.make("Pendulum-v1", num_envs=8, size=64)
+    obs, state = env.reset(key, env_params)                 # obs [8, 64, 64, 3]
+
+`make` builds `common.envs.make(env_id, num_envs)` and wraps it in
+`PixelObservation`; the env ids that have a renderer are the keys of
+`RENDERERS`. Another renderer is a function of `(obs, size, grayscale)` added
+to that table.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from gymnax.environments import spaces
+
+from common import envs
+
+# --------------------------------------------------------------------------- #
+# Drawing primitives: distances in pixels, coverage in [0, 1]
+# --------------------------------------------------------------------------- #
+
+
+def pixel_grid(size: int) -> tuple[jax.Array, jax.Array]:
+    """Pixel-centre coordinates `(x [size, size], y [size, size])` in pixel
+    units, x to the right and y downwards (image convention)."""
+    centres = jnp.arange(size, dtype=jnp.float32) + 0.5
+    return jnp.meshgrid(centres, centres, indexing="xy")
+
+
+def coverage(distance: jax.Array) -> jax.Array:
+    """Anti-aliased coverage of a shape from the signed distance (pixels,
+    negative inside) of each pixel centre: a one-pixel linear ramp."""
+    return jnp.clip(0.5 - distance, 0.0, 1.0)
+
+
+def disk_distance(x, y, cx, cy, radius) -> jax.Array:
+    """Signed distance to a disk of centre (cx, cy)."""
+    return jnp.hypot(x - cx, y - cy) - radius
+
+
+def capsule_distance(x, y, ax, ay, bx, by, radius) -> jax.Array:
+    """Signed distance to a capsule: the segment a-b thickened by `radius`."""
+    px, py, dx, dy = x - ax, y - ay, bx - ax, by - ay
+    along = jnp.clip((px * dx + py * dy) / jnp.maximum(dx * dx + dy * dy, 1e-9), 0.0, 1.0)
+    return jnp.hypot(px - along * dx, py - along * dy) - radius
+
+
+def box_distance(x, y, cx, cy, half_width, half_height) -> jax.Array:
+    """Signed distance to an axis-aligned box of centre (cx, cy)."""
+    qx, qy = jnp.abs(x - cx) - half_width, jnp.abs(y - cy) - half_height
+    outside = jnp.hypot(jnp.maximum(qx, 0.0), jnp.maximum(qy, 0.0))
+    return outside + jnp.minimum(jnp.maximum(qx, qy), 0.0)
+
+
+def paint(image: jax.Array, alpha: jax.Array, colour) -> jax.Array:
+    """Alpha-blend a colour [C] over `image` [H, W, C] with coverage [H, W]."""
+    return image * (1.0 - alpha[..., None]) + jnp.asarray(colour, jnp.float32) * alpha[..., None]
+
+
+def to_grayscale(image: jax.Array) -> jax.Array:
+    """[H, W, 3] -> [H, W, 1], ITU-R 601 luma."""
+    return jnp.tensordot(image, jnp.array([0.299, 0.587, 0.114], jnp.float32), axes=1)[..., None]
+
+
+# --------------------------------------------------------------------------- #
+# Renderers: obs [O] -> image [size, size, C]
+# --------------------------------------------------------------------------- #
+
+
+def render_pendulum(obs: jax.Array, size: int = 64, grayscale: bool = False) -> jax.Array:
+    """gymnax Pendulum-v1 observation [cos theta, sin theta, theta_dot] -> image.
+
+    theta = 0 is upright (the swing-up goal) and the rod points up; the rod is
+    a red capsule of length 0.4 * size from a dark pivot at the centre, on a
+    white background, as in gym's rendering. The angular velocity is not drawn:
+    as in the paper's tasks, it must be inferred from consecutive frames.
+    """
+    x, y = pixel_grid(size)
+    cos_theta, sin_theta = obs[0], obs[1]
+    centre, length = size / 2.0, 0.4 * size
+    tip_x, tip_y = centre + length * sin_theta, centre - length * cos_theta
+    image = jnp.ones((size, size, 3), jnp.float32)
+    rod = coverage(capsule_distance(x, y, centre, centre, tip_x, tip_y, 0.06 * size))
+    image = paint(image, rod, (0.8, 0.3, 0.3))
+    image = paint(image, coverage(disk_distance(x, y, centre, centre, 0.03 * size + 0.5)), (0.1, 0.1, 0.1))
+    return to_grayscale(image) if grayscale else image
+
+
+RENDERERS: dict[str, Callable[..., jax.Array]] = {
+    "Pendulum-v1": render_pendulum,
+}
+
+
+# --------------------------------------------------------------------------- #
+# Wrapper
+# --------------------------------------------------------------------------- #
+class PixelObservation(envs.Wrapper):
+    """Replaces observations, and `info["final_observation"]`, by
+    `render(obs)`. The renderer takes one observation vector; leading batch
+    axes (a VecEnv's `[num_envs]`) are mapped over, so this may wrap a single
+    env or a VecEnv."""
+
+    def __init__(self, env, render: Callable[[jax.Array], jax.Array], image_shape: tuple[int, int, int]):
+        super().__init__(env)
+        self.render = jnp.vectorize(render, signature="(o)->(h,w,c)")
+        self.image_shape = image_shape
+
+    def observation_space(self, params):
+        return spaces.Box(0.0, 1.0, self.image_shape, jnp.float32)
+
+    @partial(jax.jit, static_argnames=("self",))
+    def reset(self, key, params=None):
+        obs, state = self._env.reset(key, params)
+        return self.render(obs), state
+
+    @partial(jax.jit, static_argnames=("self",))
+    def step(self, key, state, action, params=None):
+        obs, state, reward, terminated, truncated, info = self._env.step(key, state, action, params)
+        info = {**info, "final_observation": self.render(info["final_observation"])}
+        return self.render(obs), state, reward, terminated, truncated, info
+
+
+def make(env_id: str, num_envs: int | None = None, *, size: int = 64, grayscale: bool = False, **make_kwargs):
+    """`common.envs.make(env_id, num_envs, **make_kwargs)` with image
+    observations [(num_envs,) size, size, 1 or 3]; returns `(env, env_params)`."""
+    if env_id not in RENDERERS:
+        raise ValueError(f"no pixel renderer for env_id {env_id!r}; envs with one: {', '.join(RENDERERS)}")
+    if size < 8:
+        raise ValueError(f"image size must be >= 8 pixels, got {size}")
+    env, env_params = envs.make(env_id, num_envs, **make_kwargs)
+    render = partial(RENDERERS[env_id], size=size, grayscale=grayscale)
+    return PixelObservation(env, render, (size, size, 1 if grayscale else 3)), env_params

@@ -1,0 +1,71 @@
+"""common/pixels.py: pure-JAX renderers and the PixelObservation wrapper."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from common import envs, pixels
+
+
+def pendulum_obs(theta: float) -> jax.Array:
+    return jnp.array([np.cos(theta), np.sin(theta), 0.0], jnp.float32)
+
+
+@pytest.mark.parametrize("size, grayscale, channels", [(64, False, 3), (32, True, 1)])
+def test_render_shape_and_range(size, grayscale, channels):
+    image = np.asarray(pixels.render_pendulum(pendulum_obs(0.3), size, grayscale))
+    assert image.shape == (size, size, channels) and image.dtype == np.float32
+    assert image.min() >= 0.0 and image.max() <= 1.0
+    assert image.max() == 1.0 and image.min() < 0.5  # white background, a dark shape
+    # Anti-aliased: edge pixels are partly covered, not only background or shape.
+    gray = image.mean(-1)
+    assert ((gray > 0.05) & (gray < 0.95) & ~np.isclose(gray, gray.min()) & ~np.isclose(gray, 1.0)).any()
+
+
+def test_the_rod_points_where_the_angle_says():
+    size = 64
+    up, down = (np.asarray(pixels.render_pendulum(pendulum_obs(t), size, True))[..., 0] for t in (0.0, np.pi))
+    above, below = (size // 2 - int(0.3 * size), size // 2), (size // 2 + int(0.3 * size), size // 2)
+    assert up[above] < 0.8 and up[below] == 1.0  # theta = 0 is upright
+    assert down[below] < 0.8 and down[above] == 1.0
+    quarter = np.asarray(pixels.render_pendulum(pendulum_obs(0.1), size, True))[..., 0]
+    assert 0.0 < np.abs(quarter - up).mean() < np.abs(down - up).mean()  # small turn, small change
+
+
+def test_render_jits_and_vmaps():
+    thetas = jnp.linspace(-3.0, 3.0, 5)
+    obs = jnp.stack([jnp.cos(thetas), jnp.sin(thetas), jnp.zeros(5)], -1)
+    batch = jax.jit(jax.vmap(lambda o: pixels.render_pendulum(o, 32)))(obs)
+    assert batch.shape == (5, 32, 32, 3)
+    np.testing.assert_allclose(batch[2], pixels.render_pendulum(obs[2], 32), atol=1e-6)
+    flat = np.asarray(batch).reshape(5, -1)
+    distances = np.abs(flat[:, None] - flat[None]).mean(-1)
+    assert (distances + np.eye(5) > 1e-3).all()  # every angle its own image
+
+
+def test_pixel_env_renders_obs_and_final_observation_on_truncation():
+    env, params = pixels.make("Pendulum-v1", 3, size=16, max_episode_steps=2)
+    raw_env, _ = envs.make("Pendulum-v1", 3, max_episode_steps=2)
+    assert envs.spec(env, params).obs_shape == (16, 16, 3)
+    obs, state = env.reset(jax.random.key(0), params)
+    raw_obs, raw_state = raw_env.reset(jax.random.key(0), params)
+    assert obs.shape == (3, 16, 16, 3)
+    render = jax.jit(jax.vmap(lambda o: pixels.render_pendulum(o, 16)))
+    np.testing.assert_allclose(obs, render(raw_obs), atol=1e-6)
+    step, raw_step = jax.jit(env.step), jax.jit(raw_env.step)
+    for t in range(2):
+        action = jnp.ones((3, 1))
+        obs, state, reward, terminated, truncated, info = step(jax.random.key(t + 1), state, action, params)
+        raw_obs, raw_state, raw_reward, _, _, raw_info = raw_step(jax.random.key(t + 1), raw_state, action, params)
+    assert bool(truncated.all()) and not bool(terminated.any())
+    np.testing.assert_allclose(reward, raw_reward)
+    np.testing.assert_allclose(info["final_observation"], render(raw_info["final_observation"]), atol=1e-6)
+    np.testing.assert_allclose(obs, render(raw_obs), atol=1e-6)  # the reset frame
+    assert not np.allclose(info["final_observation"], obs)
+    assert bool(info["episode_done"].all()) and (np.asarray(info["episode_length"]) == 2).all()
+
+
+def test_env_without_renderer_is_refused():
+    with pytest.raises(ValueError, match="no pixel renderer for env_id 'CartPole-v1'.*Pendulum-v1"):
+        pixels.make("CartPole-v1")

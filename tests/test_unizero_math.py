@@ -1,0 +1,224 @@
+"""algos/unizero.py, the parts with a right answer: transforms, the search's
+contract with mctx, the transformer's causal mask, the root, n-step targets."""
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import mctx
+import numpy as np
+import pytest
+from flax import nnx
+
+from algos import unizero as uz
+from common import cli
+
+
+def tiny(**overrides) -> uz.Args:
+    return dataclasses.replace(cli.preset_args(uz.Args, "unizero", "tiny"), **overrides)
+
+
+@pytest.fixture(scope="module")
+def algo_and_params():
+    """The tiny model with every weight (zero-initialised heads included)
+    perturbed, so policies, values and rewards are not trivially uniform and zero."""
+    args = tiny(context_steps=3)  # = num_unroll_steps: every window below has one shape, one compile
+    algo = uz.make_train(args)
+
+    @jax.jit  # eager op-by-op dispatch is the slow part on a busy CPU
+    def random_params(key):
+        params = nnx.split(uz.WorldModel(algo.spec.obs_shape, algo.spec.num_actions, args, nnx.Rngs(key)))[1]
+        leaves, treedef = jax.tree.flatten(params)
+        keys = jax.random.split(jax.random.key(1), len(leaves))
+        return jax.tree.unflatten(treedef, [x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+    forward = jax.jit(lambda params, window: uz.forward_window(nnx.merge(algo.graphdef, params), window))
+    return args, algo, random_params(jax.random.key(0)), forward
+
+
+def history(args, spec, batch=3, seed=0, valid=None) -> uz.History:
+    C = args.context_steps
+    obs = jax.random.normal(jax.random.key(seed), (batch, C) + spec.obs_shape)
+    action = jax.random.randint(jax.random.key(seed + 1), (batch, C), 0, spec.num_actions)
+    timestep = jnp.broadcast_to(jnp.arange(C) + 7, (batch, C))
+    valid = jnp.ones((batch, C), bool) if valid is None else jnp.broadcast_to(valid, (batch, C))
+    return uz.History(obs, action, timestep, valid)
+
+
+# ----------------------------------------------------------------- transforms
+def test_h_transform_round_trip_and_two_hot_mass():
+    x = jnp.array([-300.0, -7.5, -1.0, 0.0, 0.3, 1.0, 42.0, 333.0])
+    np.testing.assert_allclose(uz.h_inverse(uz.h_transform(x)), x, rtol=1e-4, atol=1e-4)
+    y = jnp.array([-3.7, 0.0, 2.25, 10.0, 49.5])
+    probs = uz.two_hot(y, 101)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(probs @ jnp.arange(-50, 51, dtype=jnp.float32), y, atol=1e-5)
+    assert int((probs > 0).sum(-1).max()) <= 2 and float(probs.min()) >= 0.0
+    # Beyond the support the mass sits on the edge bin.
+    np.testing.assert_allclose(uz.two_hot(jnp.array([80.0]), 101)[0, -1], 1.0)
+    # The scalar decoded from a (near) two-hot distribution is the original scalar.
+    np.testing.assert_allclose(uz.logits_to_scalar(jnp.log(uz.scalar_to_probs(x, 101) + 1e-12)), x, rtol=1e-3, atol=1e-3)
+
+
+# ------------------------------------------------------------ model and search
+def test_causal_mask_later_tokens_never_change_earlier_outputs(algo_and_params):
+    args, algo, params, forward = algo_and_params
+    K, batch = args.num_unroll_steps, 3
+    obs = jax.random.normal(jax.random.key(0), (batch, K) + algo.spec.obs_shape)
+    action = jax.random.randint(jax.random.key(1), (batch, K), 0, algo.spec.num_actions)
+    ones = jnp.ones((batch, K), bool)
+    w = uz.Window(obs, action, jnp.broadcast_to(jnp.arange(K) + 3, (batch, K)), jnp.zeros((batch, K), jnp.int32), ones, ones)
+    out = forward(params, w)
+    for j in range(1, K):
+        changed = w._replace(obs=w.obs.at[:, j].add(1.0), action=w.action.at[:, j].set((w.action[:, j] + 1) % 2))
+        out2 = forward(params, changed)
+        for a, b in zip(out, out2):
+            np.testing.assert_allclose(a[:, :j], b[:, :j], atol=1e-5)  # steps before j: unchanged
+        assert not np.allclose(out[0][:, j], out2[0][:, j])  # step j's own latent changed: its policy moves
+    # Only the action at j changed: the latent-token outputs of step j stay, its action-token outputs move.
+    action_only = forward(params, w._replace(action=w.action.at[:, 1].set((w.action[:, 1] + 1) % 2)))
+    np.testing.assert_allclose(out[0][:, :2], action_only[0][:, :2], atol=1e-5)
+    assert not np.allclose(out[3][:, 1], action_only[3][:, 1])
+
+
+def test_recurrent_fn_matches_mctx_contract(algo_and_params):
+    args, algo, params, forward = algo_and_params
+    batch, A = 3, algo.spec.num_actions
+    root = jax.eval_shape(algo.root_fn, params, history(args, algo.spec, batch))
+    assert isinstance(root, mctx.RootFnOutput)
+    assert root.prior_logits.shape == (batch, A) and root.value.shape == (batch,)
+    action = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    out, embedding = jax.eval_shape(algo.recurrent_fn, params, jax.random.key(0), action, root.embedding)
+    assert isinstance(out, mctx.RecurrentFnOutput)
+    assert out.reward.shape == out.discount.shape == out.value.shape == (batch,)
+    assert out.prior_logits.shape == (batch, A)
+    # mctx stores embeddings in a fixed-shape tree: the node must keep shapes and dtypes.
+    assert jax.tree.structure(embedding) == jax.tree.structure(root.embedding)
+    for new, old in zip(jax.tree.leaves(embedding), jax.tree.leaves(root.embedding)):
+        assert new.shape == old.shape and new.dtype == old.dtype
+    assert root.embedding.tokens.shape == (batch, 2 * args.num_unroll_steps, args.embed_dim)
+
+
+def test_recurrent_fn_steps_the_model_and_discounts_by_gamma(algo_and_params):
+    """One imagined step = the window forward on [history, action, predicted latent]."""
+    args, algo, params, forward = algo_and_params
+    h = history(args, algo.spec)
+    action = jnp.array([0, 1, 1])
+
+    @jax.jit
+    def step(params, h, action):
+        root = algo.root_fn(params, h)
+        return algo.recurrent_fn(params, jax.random.key(0), action, root.embedding)
+
+    out, node = step(params, h, action)
+    np.testing.assert_allclose(out.discount, args.gamma)
+    C = args.context_steps
+    # The same step through forward_window: history with the action, then the predicted latent as a token.
+    full = uz.Window(h.obs, h.action.at[:, -1].set(action), h.timestep, jnp.zeros_like(h.timestep), h.valid, h.valid)
+    _, _, next_latent, reward_logits = forward(params, full)
+    np.testing.assert_allclose(out.reward, uz.logits_to_scalar(reward_logits[:, C - 1]), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(node.tokens[:, -1], next_latent[:, C - 1], atol=1e-5)
+    assert (node.positions[:, -1] == 2 * (h.timestep[:, -1] + 1)).all()
+
+
+@pytest.mark.parametrize("first_valid", [0, 1], ids=["full-history", "episode-started-inside"])
+def test_root_value_equals_the_value_head(algo_and_params, first_valid):
+    """RootFnOutput.value is inverse-h of the value head at the current latent,
+    read from the same history as a training window would present it (steps of
+    an earlier episode invisible)."""
+    args, algo, params, forward = algo_and_params
+    C = args.context_steps
+    valid = jnp.arange(C) >= first_valid
+    h = history(args, algo.spec, valid=valid)
+    root = jax.jit(algo.root_fn)(params, h)
+    w = uz.Window(h.obs, h.action, h.timestep, jnp.zeros_like(h.timestep), h.valid, h.valid & (jnp.arange(C) < C - 1))
+    policy_logits, value_logits, _, _ = forward(params, w)
+    np.testing.assert_allclose(root.value, uz.logits_to_scalar(value_logits[:, -1]), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(root.prior_logits, policy_logits[:, -1], atol=1e-4)
+    assert np.abs(np.asarray(root.value)).min() > 1e-3  # a real value, not the zero of an untrained head
+
+
+@pytest.mark.parametrize("search_policy", ["gumbel", "puct"])
+def test_search_explores_in_collection_and_is_greedy_in_evaluation(algo_and_params, search_policy):
+    """Collection: noise (Gumbel, or Dirichlet plus sampling at temperature 0.25)
+    makes the action depend on the key. Evaluation: the same action for every key."""
+    args, algo, _, _ = algo_and_params
+    args = dataclasses.replace(args, search_policy=search_policy, num_simulations=8)
+    algo = uz.make_train(args)
+    params = algo_and_params[2]
+    h = history(args, algo.spec, batch=16)
+
+    @partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})  # compiled to run once
+    def actions(key):
+        keys = jax.random.split(key)
+        explore = algo.search(params, h, keys[0], explore=True)
+        greedy = algo.search(params, h, keys[1], explore=False)
+        return explore.action, greedy.action, explore.action_weights
+
+    runs = [actions(jax.random.key(i)) for i in range(4)]
+    assert any((runs[0][0] != r[0]).any() for r in runs[1:])
+    for r in runs[1:]:
+        np.testing.assert_array_equal(runs[0][1], r[1])
+    weights = np.asarray(runs[0][2])
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    if search_policy == "puct":  # the policy target is the visit distribution
+        np.testing.assert_allclose(weights * 8, np.round(weights * 8), atol=1e-4)
+
+
+def test_history_forgets_ended_episodes():
+    h = uz.History(jnp.zeros((2, 3, 1)), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3), bool))
+    h = uz.observe(h, jnp.ones((2, 1)), jnp.array([0, 0]))
+    h = uz.record_action(h, jnp.array([1, 1]), jnp.array([False, True]))
+    h = uz.observe(h, 2 * jnp.ones((2, 1)), jnp.array([1, 0]))
+    np.testing.assert_array_equal(h.valid, [[False, True, True], [False, False, True]])
+    np.testing.assert_array_equal(h.action[:, 1], [1, 1])
+    np.testing.assert_array_equal(h.obs[:, :, 0], [[0, 1, 2], [0, 1, 2]])
+
+
+# -------------------------------------------------------------------- targets
+def value_targets_loop(rewards, terminated, truncated, window_values, final_values, gamma, n):
+    B, K = window_values.shape
+    targets = np.zeros((B, K))
+    for b in range(B):
+        for t in range(K):
+            total, bootstrap = 0.0, gamma**n * window_values[b, t]
+            for i in range(n):
+                total += gamma**i * rewards[b, t + i]
+                if terminated[b, t + i]:
+                    bootstrap = 0.0
+                    break
+                if truncated[b, t + i]:
+                    bootstrap = gamma ** (i + 1) * final_values[b, t + i]
+                    break
+            targets[b, t] = total + bootstrap
+    return targets
+
+
+def test_n_step_value_targets_against_a_loop():
+    rng = np.random.default_rng(0)
+    B, K, n = 64, 5, 5
+    L = K + n
+    rewards = rng.normal(size=(B, L)).astype(np.float32)
+    terminated = rng.uniform(size=(B, L)) < 0.08
+    truncated = (rng.uniform(size=(B, L)) < 0.08) & ~terminated
+    window_values = rng.uniform(-10, 10, (B, K)).astype(np.float32)
+    final_values = rng.uniform(-10, 10, (B, L)).astype(np.float32)
+    assert terminated[:, : K + n - 1].any() and truncated[:, : K + n - 1].any()
+    got = uz.n_step_value_targets(*map(jnp.asarray, (rewards, terminated, truncated, window_values, final_values)), 0.997, n)
+    np.testing.assert_allclose(got, value_targets_loop(rewards, terminated, truncated, window_values, final_values,
+                                                       0.997, n), rtol=1e-5, atol=1e-4)
+
+
+def test_truncation_bootstraps_from_the_final_observation_termination_does_not():
+    zeros = jnp.zeros((1, 3), bool)
+    rewards, window_values = jnp.ones((1, 3)), jnp.full((1, 2), 100.0)
+    final_values = jnp.array([[10.0, 20.0, 30.0]])
+    ended_first = zeros.at[0, 0].set(True)
+    truncated = uz.n_step_value_targets(rewards, zeros, ended_first, window_values, final_values, 0.9, 2)
+    terminated = uz.n_step_value_targets(rewards, ended_first, zeros, window_values, final_values, 0.9, 2)
+    running = uz.n_step_value_targets(rewards, zeros, zeros, window_values, final_values, 0.9, 2)
+    assert float(truncated[0, 0]) == pytest.approx(1 + 0.9 * 10)
+    assert float(terminated[0, 0]) == pytest.approx(1)
+    assert float(running[0, 0]) == pytest.approx(1 + 0.9 + 0.81 * 100)
+    assert float(truncated[0, 1]) == float(terminated[0, 1]) == pytest.approx(1 + 0.9 + 0.81 * 100)  # a new episode
