@@ -120,8 +120,7 @@ def test_variants_run(tmp_path, overrides):
 
 def test_cli_tiny_run(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(ROOT / "algos" / "ppo.py"), "--preset", "tiny", "--run-root", str(tmp_path),
-         "--no-compile-cache"],
+        [sys.executable, str(ROOT / "algos" / "ppo.py"), "--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)],
         capture_output=True, text=True, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr

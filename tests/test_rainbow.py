@@ -105,8 +105,8 @@ def test_bad_values_are_named():
 
 
 def test_cli_tiny_run_and_help(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "algos" / "rainbow.py"), "--preset", "tiny", "--run-root",
-                          str(tmp_path), "--no-compile-cache"], capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run([sys.executable, str(ROOT / "algos" / "rainbow.py"), "--preset", "tiny", "--num-seeds", "2",
+                          "--run-root", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout
     help_out = subprocess.run([sys.executable, str(ROOT / "algos" / "rainbow.py"), "--help"],

@@ -254,8 +254,8 @@ def test_bad_input(tmp_path):
 
 
 def test_cli_tiny_run(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "algos" / "unizero_ppo.py"), "--preset", "tiny", "--run-root",
-                          str(tmp_path), "--no-compile-cache", "--eval-search", "2"],
+    out = subprocess.run([sys.executable, str(ROOT / "algos" / "unizero_ppo.py"), "--preset", "tiny", "--num-seeds", "2",
+                          "--run-root", str(tmp_path), "--eval-search", "2"],
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout and "Gumbel search" in out.stdout
