@@ -55,12 +55,17 @@ def window(args, spec, seed=0, batch=3):
     return uz.Window(obs, action, timestep, jnp.zeros((batch, K), jnp.int32), ones, ones)
 
 
-def test_causal_mask_later_tokens_never_change_earlier_outputs():
+@pytest.fixture(scope="module")
+def model_and_window():
+    """A randomly initialised tiny world model and a window of random steps."""
     args = tiny()
     algo = uz.make_train(args)
     graphdef, params = random_model(args, algo.spec)
-    model = nnx.merge(graphdef, params)
-    w = window(args, algo.spec)
+    return nnx.merge(graphdef, params), window(args, algo.spec)
+
+
+def test_causal_mask_later_tokens_never_change_earlier_outputs(model_and_window):
+    model, w = model_and_window
     out = uz.forward_window(model, w)
     j = 3
     changed = w._replace(obs=w.obs.at[:, j].add(1.0), action=w.action.at[:, j].set((w.action[:, j] + 1) % 2))
@@ -70,12 +75,8 @@ def test_causal_mask_later_tokens_never_change_earlier_outputs():
     assert not np.allclose(out[0][:, j], out2[0][:, j])  # step j's latent changed: its policy moves
 
 
-def test_tokens_of_another_episode_are_invisible():
-    args = tiny()
-    algo = uz.make_train(args)
-    graphdef, params = random_model(args, algo.spec)
-    model = nnx.merge(graphdef, params)
-    w = window(args, algo.spec)
+def test_tokens_of_another_episode_are_invisible(model_and_window):
+    model, w = model_and_window
     split = w._replace(segment=jnp.broadcast_to(jnp.array([0, 0, 1, 1, 1]), w.segment.shape))
     alone = w._replace(obs_valid=w.obs_valid.at[:, :2].set(False), action_valid=w.action_valid.at[:, :2].set(False))
     a, b = uz.forward_window(model, split), uz.forward_window(model, alone)
