@@ -72,6 +72,8 @@ class Args:
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
 
     # algorithm-specific
+    max_episode_steps: int = 0
+    """time limit of an episode; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0)"""
     num_envs: int = 4
     """parallel environments per seed"""
     num_steps: int = 128
@@ -126,6 +128,8 @@ class Args:
     def __post_init__(self):
         if self.max_grad_norm < 0:
             raise ValueError(f"max_grad_norm must be >= 0 (0 turns clipping off), got {self.max_grad_norm}")
+        if self.max_episode_steps < 0:
+            raise ValueError(f"max_episode_steps must be >= 0 (0 keeps the env's time limit), got {self.max_episode_steps}")
         positive = ("num_seeds", "num_envs", "num_steps", "num_minibatches", "update_epochs",
                     "log_every", "checkpoint_every", "eval_episodes")
         for name in positive:
@@ -468,6 +472,7 @@ class PPO(NamedTuple):
 
 
 def make_train(args: Args) -> PPO:
+    max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
     probe_env, probe_params = envs.make(args.env_id)
     probe_spec = envs.spec(probe_env, probe_params)
     image_obs = len(probe_spec.obs_shape) == 3
@@ -479,9 +484,9 @@ def make_train(args: Args) -> PPO:
         )
     env, env_params = envs.make(
         args.env_id, args.num_envs, flatten_obs=torso == "mlp", normalize_obs=args.normalize_obs,
-        normalize_reward=args.normalize_reward, gamma=args.gamma,
+        normalize_reward=args.normalize_reward, gamma=args.gamma, **max_steps,
     )
-    eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp")
+    eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp", **max_steps)
     spec = envs.spec(env, env_params)
     # The module structure, without computing any weights (they are made per seed in `init`).
     graphdef = nnx.graphdef(nnx.eval_shape(

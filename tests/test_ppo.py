@@ -82,6 +82,13 @@ def test_batch_that_does_not_divide_into_minibatches():
         ppo.Args(num_envs=4, num_steps=30, num_minibatches=7)
 
 
+def test_max_episode_steps_sets_the_time_limit(tmp_path):
+    assert ppo.make_train(tiny(tmp_path, max_episode_steps=200)).spec.max_episode_steps == 200
+    assert ppo.make_train(tiny(tmp_path)).spec.max_episode_steps == 500  # CartPole-v1's own
+    with pytest.raises(ValueError, match="max_episode_steps must be >= 0.*got -1"):
+        ppo.Args(max_episode_steps=-1)
+
+
 def test_unknown_env_id(tmp_path):
     with pytest.raises(ValueError, match="unknown env_id 'Pong-v0'"):
         ppo.main(tiny(tmp_path, env_id="Pong-v0"))
