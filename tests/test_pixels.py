@@ -67,5 +67,45 @@ def test_pixel_env_renders_obs_and_final_observation_on_truncation():
 
 
 def test_env_without_renderer_is_refused():
-    with pytest.raises(ValueError, match="no pixel renderer for env_id 'CartPole-v1'.*Pendulum-v1"):
-        pixels.make("CartPole-v1")
+    with pytest.raises(ValueError, match="no pixel renderer for env_id 'Acrobot-v1'.*Pendulum-v1, CartPole-v1"):
+        pixels.make("Acrobot-v1")
+
+
+def cartpole_obs(x: float = 0.0, theta: float = 0.0) -> jax.Array:
+    return jnp.array([x, 0.3, theta, -0.2], jnp.float32)
+
+
+@pytest.mark.parametrize("size, grayscale, channels", [(64, False, 3), (32, True, 1)])
+def test_cartpole_render_shape_and_range(size, grayscale, channels):
+    image = np.asarray(pixels.render_cartpole(cartpole_obs(0.5, 0.1), size, grayscale))
+    assert image.shape == (size, size, channels) and image.dtype == np.float32
+    assert image.min() >= 0.0 and image.max() <= 1.0
+    assert image.max() == 1.0 and image.min() < 0.3  # white background, a dark cart
+
+
+def test_cartpole_states_render_differently_and_velocities_do_not():
+    size = 64
+    render = lambda obs: np.asarray(pixels.render_cartpole(obs, size, True))[..., 0]
+    centre, right = render(cartpole_obs(0.0)), render(cartpole_obs(1.2))
+    # The cart's dark body moves right by 1.2 / 4.8 of the width.
+    dark_columns = lambda image: np.flatnonzero((image < 0.3).any(0))
+    assert abs(dark_columns(right).mean() - dark_columns(centre).mean() - 1.2 / 4.8 * size) < 1.5
+    # A pole tilted right by the 12 degree termination bound darkens pixels right of the upright one.
+    tilted = render(cartpole_obs(0.0, 0.2))
+    top = slice(0, size // 2)
+    columns = np.arange(size)
+    mass = lambda image: ((1.0 - image[top]) * columns).sum() / (1.0 - image[top]).sum()
+    assert mass(tilted) > mass(centre) + 2.0
+    small = render(cartpole_obs(0.0, 0.02))  # about one degree still changes the image
+    assert 0.0 < np.abs(small - centre).mean() < np.abs(tilted - centre).mean()
+    # Velocities (obs[1], obs[3]) are not drawn.
+    np.testing.assert_array_equal(centre, render(jnp.array([0.0, -2.0, 0.0, 3.0])))
+
+
+def test_cartpole_pixel_env_matches_the_vector_env():
+    env, params = pixels.make("CartPole-v1", 4, size=32, grayscale=True)
+    raw_env, _ = envs.make("CartPole-v1", 4)
+    obs, _ = env.reset(jax.random.key(1), params)
+    raw_obs, _ = raw_env.reset(jax.random.key(1), params)
+    assert obs.shape == (4, 32, 32, 1) and envs.spec(env, params).obs_shape == (32, 32, 1)
+    np.testing.assert_allclose(obs, jax.vmap(lambda o: pixels.render_cartpole(o, 32, True))(raw_obs), atol=1e-6)
