@@ -1,0 +1,1117 @@
+"""World Models: a VAE (V), an MDN-RNN (M) and a linear controller (C) evolved by CMA-ES, from pixels.
+
+Paper: Ha & Schmidhuber 2018, "World Models" / "Recurrent World Models
+Facilitate Policy Evolution" (arXiv:1803.10122); CMA-ES as in Hansen 2016,
+"The CMA Evolution Strategy: A Tutorial" (arXiv:1604.00772).
+
+The idea: split the agent into a large world model trained without rewards and
+a tiny controller trained only on rewards. (1) A random policy collects
+rollouts. (2) V, a convolutional VAE, compresses every frame to a small latent
+z. (3) M, an LSTM with a mixture-density head, learns p(z_{t+1} | z_t, a_t,
+h_t) as a mixture of Gaussians per latent dimension (plus, optionally, the
+reward and whether the episode ends). (4) C, a = W [z_t, h_t] + b, a few
+hundred parameters, is evolved by CMA-ES, scoring each candidate by its mean
+return in the real environment or inside M's "dream" (z sampled with
+temperature tau). Every stage is pure JAX: the random rollouts and each CMA-ES
+generation's whole population run as one vmapped, jitted program on a pixel
+CartPole rendered in JAX (common/pixels.py). The gymnasium CarRacing-v3 of the
+paper runs through a host-side path (needs box2d).
+
+    python algos/world_models.py                                  # pixel CartPole, all four stages
+    python algos/world_models.py --preset pixel-cartpole-dream --stages controller --source-run RUN_DIR
+    python algos/world_models.py --preset tiny                    # seconds: what the tests run
+    python algos/world_models.py --stages collect vae             # any subset of stages, in order
+
+Details, logged metrics and measured results: docs/world_models.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+
+from common import checkpoint, cli, envs, logger, pixels, runner
+
+STAGES = ("collect", "vae", "mdn", "controller")
+HOST_ENVS = ("CarRacing-v3",)  # gymnasium envs stepped on the host (box2d)
+
+
+# --------------------------------------------------------------------------- #
+# Arguments
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class Args:
+    """World Models (Ha & Schmidhuber 2018): V, M and C trained in stages from pixels."""
+
+    exp_name: str = "world-models"
+    """name of the experiment: part of the run directory and the plot label"""
+    seed: int = 0
+    """seed of the first run; seed index i uses seed + i"""
+    num_seeds: int = 1
+    """independent seeds trained at once with `jax.vmap` (host envs: 1)"""
+    env_id: str = "CartPole-v1"
+    """a gymnax env with a pixel renderer in common/pixels.py, or CarRacing-v3 (gymnasium, host-side, needs box2d)"""
+    total_timesteps: int = 30_000
+    """random-policy environment slots collected in stage 1: num_rollouts = total_timesteps // rollout_steps"""
+    log_every: int = 1
+    """updates per jitted chunk of every stage (V and M: `*_batches` gradient steps; C: one generation)"""
+    track: bool = False
+    """log to Weights & Biases (needs the `logging` extra)"""
+    tensorboard: bool = False
+    """write TensorBoard event files into each stage's directory (needs the `logging` extra)"""
+    save_model: bool = True
+    """write checkpoints of every stage's whole state (needed for --resume and --source-run)"""
+    checkpoint_every: int = 5
+    """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end of a stage"""
+    resume: str | None = None
+    """run directory to resume; its args.json replaces every other flag, finished stages are loaded"""
+    run_root: str = "runs"
+    """directory under which run directories are created"""
+    eval_episodes: int = 100
+    """real-environment episodes of the final controller (the paper: 100)"""
+    compile_cache: bool = True
+    """JAX persistent compilation cache: a second run of the same command skips compiling"""
+
+    # algorithm-specific
+    stages: tuple[Literal["collect", "vae", "mdn", "controller"], ...] = STAGES
+    """stages run by this command, in pipeline order; earlier stages' outputs come from --source-run"""
+    source_run: str | None = None
+    """run directory holding the finished stages this command does not run (their last checkpoints)"""
+    image_size: int = 64
+    """side of the square frames: 64 (the paper's 4 convolutions), 32 or 16"""
+    grayscale: bool = False
+    """one-channel frames instead of RGB"""
+    rollout_steps: int = 100
+    """steps per random rollout: each rollout is one episode, cut here if it lasts longer"""
+    z_size: int = 32
+    """latent size of V (the paper: 32 for CarRacing, 64 for VizDoom)"""
+    vae_depth: int = 32
+    """channels of V's first convolution, doubled per layer (the paper: 32, 64, 128, 256)"""
+    vae_learning_rate: float = 1e-4
+    """Adam learning rate of V"""
+    vae_batch_size: int = 100
+    """frames per gradient step of V, drawn uniformly from the collected frames"""
+    vae_batches: int = 100
+    """gradient steps of V per update"""
+    vae_updates: int = 10
+    """updates of V (vae_batches steps each)"""
+    kl_weight: float = 1.0
+    """weight of KL(q(z|x) || N(0, I)) against the summed squared reconstruction error"""
+    free_bits: float = 0.5
+    """nats per latent dimension of KL that are not penalised (the paper's code: kl_tolerance 0.5)"""
+    rnn_size: int = 256
+    """LSTM hidden size of M (the paper: 256 for CarRacing)"""
+    num_mixtures: int = 5
+    """Gaussians per latent dimension in M's mixture-density head"""
+    mdn_learning_rate: float = 1e-3
+    """Adam learning rate of M"""
+    mdn_batch_size: int = 32
+    """rollouts per gradient step of M (whole rollouts of rollout_steps steps)"""
+    mdn_batches: int = 50
+    """gradient steps of M per update"""
+    mdn_updates: int = 10
+    """updates of M (mdn_batches steps each)"""
+    mdn_grad_clip: float = 1.0
+    """global gradient-norm clip of M (0: none)"""
+    predict_reward: bool = True
+    """M also predicts the reward of each step (needed to train C in the dream)"""
+    predict_done: bool = True
+    """M also predicts whether each step ends the episode (needed to train C in the dream)"""
+    controller_env: Literal["real", "dream"] = "real"
+    """where C's candidates are scored: the real env (through V and M) or M's dream"""
+    population: int = 16
+    """CMA-ES population size (candidates per generation)"""
+    trials: int = 4
+    """episodes per candidate; fitness = their mean return"""
+    generations: int = 30
+    """CMA-ES generations"""
+    cma_sigma: float = 0.5
+    """initial CMA-ES step size (search starts at zero weights)"""
+    temperature: float = 1.15
+    """tau of M's sampling in the dream: mixture logits / tau, stds * sqrt(tau) (the paper: 1.15)"""
+    controller_max_steps: int = 0
+    """longest scored episode, real or dreamed; 0: the env's time limit"""
+
+    def __post_init__(self):
+        positive = ("num_seeds", "total_timesteps", "log_every", "checkpoint_every", "eval_episodes", "rollout_steps",
+                    "z_size", "vae_depth", "vae_batch_size", "vae_batches", "vae_updates", "rnn_size", "num_mixtures",
+                    "mdn_batch_size", "mdn_batches", "mdn_updates", "population", "trials", "generations")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.env_id not in (*pixels.RENDERERS, *HOST_ENVS):
+            raise ValueError(f"env_id {self.env_id!r} is not supported; accepted: "
+                             f"{', '.join((*pixels.RENDERERS, *HOST_ENVS))}")
+        if self.image_size not in DECODER_KERNELS:
+            raise ValueError(f"image_size must be one of {sorted(DECODER_KERNELS)}, got {self.image_size}")
+        unknown = [s for s in self.stages if s not in STAGES]
+        if unknown or not self.stages:
+            raise ValueError(f"stages {list(self.stages)} are not a non-empty subset of {list(STAGES)}")
+        if list(self.stages) != sorted(self.stages, key=STAGES.index) or len(set(self.stages)) != len(self.stages):
+            raise ValueError(f"stages {list(self.stages)} must be distinct and in pipeline order {list(STAGES)}")
+        if self.controller_env not in ("real", "dream"):
+            raise ValueError(f"controller_env must be 'real' or 'dream', got {self.controller_env!r}")
+        if self.controller_env == "dream" and not (self.predict_done and self.predict_reward):
+            raise ValueError("controller_env='dream' needs M's reward and done heads: set predict_reward and "
+                             f"predict_done (got predict_reward={self.predict_reward}, predict_done={self.predict_done})")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.population < 2:
+            raise ValueError(f"population must be >= 2 (CMA-ES recombines the better half), got {self.population}")
+        if self.controller_max_steps < 0 or self.free_bits < 0 or self.kl_weight < 0 or self.cma_sigma <= 0:
+            raise ValueError("controller_max_steps, free_bits and kl_weight must be >= 0 and cma_sigma > 0")
+        if self.mdn_batch_size > self.num_rollouts:
+            raise ValueError(f"mdn_batch_size={self.mdn_batch_size} exceeds the {self.num_rollouts} rollouts "
+                             f"(total_timesteps={self.total_timesteps} // rollout_steps={self.rollout_steps})")
+        if self.env_id in HOST_ENVS and self.num_seeds != 1:
+            raise ValueError(f"{self.env_id} runs on the host: num_seeds must be 1, got {self.num_seeds}")
+
+    @property
+    def num_rollouts(self) -> int:
+        return self.total_timesteps // self.rollout_steps
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (self.image_size, self.image_size, 1 if self.grayscale else 3)
+
+
+# --------------------------------------------------------------------------- #
+# Networks
+# --------------------------------------------------------------------------- #
+# V's stride-2, 4 x 4, unpadded convolutions: 64 -> 31 -> 14 -> 6 -> 2 (the
+# paper's encoder), 32 -> 15 -> 6 -> 2, 16 -> 7 -> 2. The decoder's transposed
+# convolutions grow a 1 x 1 map back: 1 -> 5 -> 13 -> 30 -> 64 with kernels 5,
+# 5, 6, 6 (the paper's), 1 -> 5 -> 14 -> 32, 1 -> 6 -> 16.
+DECODER_KERNELS = {16: (6, 6), 32: (5, 6, 6), 64: (5, 5, 6, 6)}
+VAE_PART = nnx.PathContains("vae")  # the filter that splits V's parameters from M's
+
+
+class StridedConv(nnx.Module):
+    """[..., H, W, C_in] -> [..., (H - k) // 2 + 1, (W - k) // 2 + 1, C_out]:
+    a stride-2 k x k convolution without padding, as patches @ kernel (the k^2
+    strided views side by side, one matmul). Same function as `lax.conv`; XLA:CPU
+    computes its kernel gradient several times faster inside `lax.scan`
+    (algos/planet.py measured it)."""
+
+    def __init__(self, c_in: int, c_out: int, kernel_size: int, rngs: nnx.Rngs):
+        self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (kernel_size, kernel_size, c_in, c_out)))
+        self.bias = nnx.Param(jnp.zeros((c_out,)))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k, _, c_in, c_out = self.kernel.shape
+        out_h, out_w = (x.shape[-3] - k) // 2 + 1, (x.shape[-2] - k) // 2 + 1
+        patches = jnp.concatenate([x[..., i : i + 2 * out_h - 1 : 2, j : j + 2 * out_w - 1 : 2, :]
+                                   for i in range(k) for j in range(k)], axis=-1)  # [..., out_h, out_w, k*k*C_in]
+        return patches @ self.kernel[...].reshape(k * k * c_in, c_out) + self.bias[...]
+
+
+class StridedConvTranspose(nnx.Module):
+    """[..., h, w, C_in] -> [..., 2(h - 1) + k, 2(w - 1) + k, C_out]: the
+    transposed stride-2 k x k convolution, out[2i + a, 2j + b] += x[i, j] @
+    kernel[a, b], in its sub-pixel form: output pixels of parity (q, r) are a
+    stride-1 convolution of the zero-padded input with the taps (2p + q, 2s + r),
+    so the four parities are one patches @ kernel matmul and an interleave."""
+
+    def __init__(self, c_in: int, c_out: int, kernel_size: int, rngs: nnx.Rngs):
+        self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (kernel_size, kernel_size, c_in, c_out)))
+        self.bias = nnx.Param(jnp.zeros((c_out,)))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k, _, c_in, c_out = self.kernel.shape
+        *lead, h, w, _ = x.shape
+        half = (k + 1) // 2  # taps per parity along one axis
+        m, n = h + half - 1, w + half - 1
+        padded = jnp.pad(x, [(0, 0)] * len(lead) + [(half - 1, half - 1), (half - 1, half - 1), (0, 0)])
+        patches = jnp.concatenate([padded[..., u : u + m, v : v + n, :] for u in range(half) for v in range(half)],
+                                  axis=-1)  # [..., m, n, half * half * C_in]
+        # Tap (2p + q, 2s + r) (zero beyond k) meets view (u, v) = (half - 1 - p, half - 1 - s) at parity (q, r).
+        kernel = jnp.pad(self.kernel[...], [(0, 2 * half - k), (0, 2 * half - k), (0, 0), (0, 0)])
+        kernel = kernel.reshape(half, 2, half, 2, c_in, c_out)[::-1, :, ::-1]  # [u, q, v, r, C_in, C_out]
+        kernel = kernel.transpose(0, 2, 4, 1, 3, 5).reshape(half * half * c_in, 4 * c_out)
+        out = (patches @ kernel).reshape(*lead, m, n, 2, 2, c_out)
+        out = jnp.moveaxis(out, -3, -4).reshape(*lead, 2 * m, 2 * n, c_out)  # row 2i + q, column 2j + r
+        return out[..., : 2 * (h - 1) + k, : 2 * (w - 1) + k, :] + self.bias[...]
+
+
+class VAE(nnx.Module):
+    """V (paper section 2.1 and appendix A.1).
+
+    encode(frames [..., S, S, C] in [0, 1]) -> (mean, log_var) [..., Z]: ReLU
+        convolutions of depth x (1, 2, 4, 8) channels down to 2 x 2, flattened,
+        one linear layer to 2Z.
+    decode(z [..., Z]) -> frames [..., S, S, C] in (0, 1): a linear layer to a
+        1 x 1 map of 4 x 8 x depth features (the paper's 1024), ReLU transposed
+        convolutions, a sigmoid on the last.
+    """
+
+    def __init__(self, image_shape: tuple[int, int, int], depth: int, z_size: int, rngs: nnx.Rngs):
+        kernels = DECODER_KERNELS[image_shape[0]]
+        widths = [depth * 2**i for i in range(len(kernels))]
+        self.convs = nnx.List([StridedConv(c_in, c_out, 4, rngs)
+                               for c_in, c_out in zip([image_shape[2]] + widths[:-1], widths)])
+        self.flat = 4 * widths[-1]
+        self.to_latent = nnx.Linear(self.flat, 2 * z_size, rngs=rngs)
+        self.from_latent = nnx.Linear(z_size, self.flat, rngs=rngs)
+        out_widths = widths[::-1][1:] + [image_shape[2]]
+        self.deconvs = nnx.List([StridedConvTranspose(c_in, c_out, k, rngs)
+                                 for c_in, c_out, k in zip([self.flat] + out_widths[:-1], out_widths, kernels)])
+        self.image_shape = image_shape
+
+    def encode(self, frames: jax.Array) -> tuple[jax.Array, jax.Array]:
+        lead = frames.shape[:-3]
+        x = frames.reshape((-1, *self.image_shape))
+        for conv in self.convs:
+            x = jax.nn.relu(conv(x))
+        mean, log_var = jnp.split(self.to_latent(x.reshape((x.shape[0], -1))), 2, axis=-1)
+        return mean.reshape((*lead, -1)), log_var.reshape((*lead, -1))
+
+    def decode(self, z: jax.Array) -> jax.Array:
+        lead = z.shape[:-1]
+        x = self.from_latent(z).reshape((-1, 1, 1, self.flat))
+        for i, deconv in enumerate(self.deconvs):
+            x = deconv(x)
+            x = jax.nn.relu(x) if i < len(self.deconvs) - 1 else jax.nn.sigmoid(x)
+        chex.assert_shape(x, (None, *self.image_shape))
+        return x.reshape((*lead, *self.image_shape))
+
+
+class MDNOutput(NamedTuple):
+    """M's prediction for the next step; leading axes [...] free."""
+
+    logits: jax.Array  # [..., Z, K] unnormalised log mixture weights, per latent dimension
+    mean: jax.Array  # [..., Z, K]
+    log_std: jax.Array  # [..., Z, K]
+    reward: jax.Array  # [...] predicted reward of the step (0 without the head)
+    done_logit: jax.Array  # [...] logit of "this step ends the episode" (-inf-like without the head)
+
+
+class MDNRNN(nnx.Module):
+    """M (paper section 2.2 and appendix A.2): an LSTM over [z_t, a_t] whose
+    output h_{t+1} parameterises p(z_{t+1}) as a mixture of K Gaussians per
+    latent dimension, plus optional reward and done heads (the paper's VizDoom
+    M predicts "done").
+
+    step(carry (c, h) [..., H] each, z [..., Z], action [..., A]) -> (carry, MDNOutput)
+    """
+
+    def __init__(self, z_size: int, action_size: int, args: Args, rngs: nnx.Rngs):
+        self.lstm = nnx.LSTMCell(z_size + action_size, args.rnn_size, rngs=rngs)
+        self.mdn = nnx.Linear(args.rnn_size, 3 * z_size * args.num_mixtures, rngs=rngs)
+        self.reward = nnx.Linear(args.rnn_size, 1, rngs=rngs) if args.predict_reward else None
+        self.done = nnx.Linear(args.rnn_size, 1, rngs=rngs) if args.predict_done else None
+        self.z_size, self.num_mixtures = z_size, args.num_mixtures
+
+    def step(self, carry, z: jax.Array, action: jax.Array):
+        carry, h = self.lstm(carry, jnp.concatenate([z, action], axis=-1))
+        params = self.mdn(h).reshape((*h.shape[:-1], self.z_size, self.num_mixtures, 3))
+        reward = self.reward(h)[..., 0] if self.reward is not None else jnp.zeros(h.shape[:-1])
+        done_logit = self.done(h)[..., 0] if self.done is not None else jnp.full(h.shape[:-1], -30.0)
+        # log-stds kept in a numerically safe range
+        return carry, MDNOutput(params[..., 0], params[..., 1], jnp.clip(params[..., 2], -7.0, 3.0), reward, done_logit)
+
+
+class Models(nnx.Module):
+    """V and M side by side: one graph for the pure functions below (each stage
+    trains one of them; C is a flat parameter vector, not a module)."""
+
+    def __init__(self, args: Args, action_size: int, rngs: nnx.Rngs):
+        self.vae = VAE(args.image_shape, args.vae_depth, args.z_size, rngs)
+        self.mdn = MDNRNN(args.z_size, action_size, args, rngs)
+
+
+# --------------------------------------------------------------------------- #
+# Pytrees
+# --------------------------------------------------------------------------- #
+class Params(NamedTuple):
+    """The Models parameters in two parts, so each stage differentiates and
+    optimises only its own (`nnx.split(models, PathContains("vae"), ...)`)."""
+
+    vae: nnx.State
+    mdn: nnx.State
+
+
+@struct.dataclass
+class Rollouts:
+    """Stage 1's output: N random-policy episodes from their reset, cut at T steps."""
+
+    frames: jax.Array  # [N, T + 1, S, S, C] uint8; frame t is seen before action t
+    actions: jax.Array  # [N, T, A] float (one-hot for discrete actions)
+    rewards: jax.Array  # [N, T]
+    terminated: jax.Array  # [N, T] bool: step t ended the episode (not a time limit)
+    valid: jax.Array  # [N, T] bool: step t happened (within the episode)
+
+
+@struct.dataclass
+class TrainState:
+    """V's or M's stage state: what a checkpoint holds."""
+
+    params: Params  # V's and M's parameters (only one of them changes in a stage)
+    opt_state: optax.OptState
+    key: jax.Array
+
+
+@struct.dataclass
+class CMAState:
+    """CMA-ES search distribution N(mean, sigma^2 C) over P controller parameters (Hansen 2016)."""
+
+    mean: jax.Array  # [P]
+    sigma: jax.Array  # [] step size
+    cov: jax.Array  # [P, P] C
+    eigvecs: jax.Array  # [P, P] B, C = B diag(eigvals) B^T
+    eigvals: jax.Array  # [P] D^2
+    path_sigma: jax.Array  # [P] p_sigma, conjugate evolution path
+    path_c: jax.Array  # [P] p_c, evolution path of C
+    generation: jax.Array  # []
+
+
+@struct.dataclass
+class ControllerState:
+    cma: CMAState
+    key: jax.Array
+    best_params: jax.Array  # [P] best candidate seen
+    best_fitness: jax.Array  # [] its fitness
+
+
+# --------------------------------------------------------------------------- #
+# Algorithm logic (pure functions; the unit tests import these)
+# --------------------------------------------------------------------------- #
+def gaussian_kl_to_standard(mean: jax.Array, log_var: jax.Array) -> jax.Array:
+    """KL(N(mean, exp(log_var)) || N(0, 1)) per dimension, [..., Z] -> [..., Z]:
+    0.5 (mean^2 + exp(log_var) - 1 - log_var) (Kingma & Welling 2014, app. B)."""
+    return 0.5 * (jnp.square(mean) + jnp.exp(log_var) - 1.0 - log_var)
+
+
+def vae_loss(vae: VAE, frames: jax.Array, key: jax.Array, kl_weight: float, free_bits: float):
+    """frames [B, S, S, C] in [0, 1] -> (loss [], metrics). The paper's
+    objective: squared reconstruction error summed over pixels, plus the KL
+    summed over z dimensions with a floor of free_bits * Z nats (below it the
+    KL has no gradient, the paper code's kl_tolerance); both averaged over B."""
+    mean, log_var = vae.encode(frames)  # [B, Z]
+    z = mean + jnp.exp(0.5 * log_var) * jax.random.normal(key, mean.shape)  # reparameterised sample
+    reconstruction = vae.decode(z)
+    reconstruction_loss = jnp.square(reconstruction - frames).sum((-3, -2, -1)).mean()
+    kl = gaussian_kl_to_standard(mean, log_var).sum(-1)  # [B]
+    kl_loss = jnp.maximum(kl, free_bits * mean.shape[-1]).mean()
+    loss = reconstruction_loss + kl_weight * kl_loss
+    return loss, {"vae_loss": loss, "reconstruction_loss": reconstruction_loss, "kl": kl.mean(),
+                  "pixel_mae": jnp.abs(reconstruction - frames).mean()}
+
+
+def mdn_log_prob(target: jax.Array, logits: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
+    """log p(target) under a mixture of K Gaussians per dimension: target [..., Z],
+    logits / mean / log_std [..., Z, K] -> [..., Z]:
+    log sum_k softmax(logits)_k N(target; mean_k, exp(log_std_k)^2), by logsumexp."""
+    log_weights = jax.nn.log_softmax(logits, axis=-1)
+    standardised = (target[..., None] - mean) * jnp.exp(-log_std)
+    log_normal = -0.5 * jnp.square(standardised) - log_std - 0.5 * jnp.log(2.0 * jnp.pi)
+    return jax.nn.logsumexp(log_weights + log_normal, axis=-1)
+
+
+def mdn_sample(key: jax.Array, logits: jax.Array, mean: jax.Array, log_std: jax.Array, temperature) -> jax.Array:
+    """z [..., Z] from the mixture [..., Z, K] at temperature tau: component k ~
+    softmax(logits / tau), then mean_k + std_k sqrt(tau) eps (the paper's
+    sampling, section 4.3). tau -> 0 gives the mean of the most likely component."""
+    component_key, noise_key = jax.random.split(key)
+    component = jax.random.categorical(component_key, logits / temperature, axis=-1)  # [..., Z]
+    pick = lambda x: jnp.take_along_axis(x, component[..., None], axis=-1)[..., 0]
+    noise = jax.random.normal(noise_key, component.shape)
+    return pick(mean) + jnp.exp(pick(log_std)) * jnp.sqrt(temperature) * noise
+
+
+def mdn_sequence_loss(mdn: MDNRNN, z: jax.Array, actions: jax.Array, rewards, terminated, valid):
+    """M's loss on a batch of whole rollouts, time-major: z [T + 1, B, Z] (V's
+    samples), actions [T, B, A], rewards / terminated / valid [T, B]. Step t
+    feeds (z_t, a_t) and is scored on z_{t+1} (NLL per latent dimension), the
+    reward (squared error) and done (cross-entropy), only where valid."""
+    T, B = valid.shape
+    carry = (jnp.zeros((B, mdn.lstm.hidden_features)), jnp.zeros((B, mdn.lstm.hidden_features)))
+    _, out = jax.lax.scan(lambda c, x: mdn.step(c, *x), carry, (z[:-1], actions))  # MDNOutput [T, B, ...]
+    mask = valid.astype(jnp.float32)
+    count = jnp.maximum(mask.sum(), 1.0)
+    masked_mean = lambda x: (x * mask).sum() / count
+    z_nll = masked_mean(-mdn_log_prob(z[1:], out.logits, out.mean, out.log_std).mean(-1))  # nats per dimension
+    loss, metrics = z_nll, {"z_nll": z_nll}
+    if mdn.reward is not None:
+        metrics["reward_loss"] = masked_mean(jnp.square(out.reward - rewards))
+        loss = loss + metrics["reward_loss"]
+    if mdn.done is not None:
+        done = terminated.astype(jnp.float32)
+        bce = optax.sigmoid_binary_cross_entropy(out.done_logit, done)
+        metrics["done_loss"] = masked_mean(bce)
+        metrics["done_accuracy"] = masked_mean(((out.done_logit > 0) == terminated).astype(jnp.float32))
+        loss = loss + metrics["done_loss"]
+    return loss, {**metrics, "mdn_loss": loss}
+
+
+def cma_weights(population: int) -> jax.Array:
+    """Positive recombination weights of the best mu = population // 2 [mu],
+    w_i proportional to log((population + 1) / 2) - log(i) (Hansen 2016, eq. 49)."""
+    mu = population // 2
+    raw = np.log((population + 1) / 2) - np.log(np.arange(1, mu + 1))
+    return jnp.asarray(raw / raw.sum(), jnp.float32)
+
+
+def cma_init(mean: jax.Array, sigma: float) -> CMAState:
+    """The search distribution N(mean, sigma^2 I) with empty evolution paths."""
+    n = mean.shape[0]
+    eye = jnp.eye(n)
+    return CMAState(mean, jnp.float32(sigma), eye, eye, jnp.ones(n), jnp.zeros(n), jnp.zeros(n), jnp.int32(0))
+
+
+def cma_ask(state: CMAState, key: jax.Array, population: int) -> jax.Array:
+    """Candidates x_k = mean + sigma B D z_k, z_k ~ N(0, I): [population, P]."""
+    z = jax.random.normal(key, (population, state.mean.shape[0]))
+    y = (z * jnp.sqrt(state.eigvals)) @ state.eigvecs.T  # B D z_k, [population, P]
+    return state.mean + state.sigma * y
+
+
+def cma_tell(state: CMAState, candidates: jax.Array, fitness: jax.Array) -> CMAState:
+    """One CMA-ES update from candidates [population, P] and their fitness
+    [population] (higher is better), Hansen 2016 section 4 (positive weights,
+    rank-one and rank-mu updates, cumulative step-size adaptation, h_sigma)."""
+    population, n = candidates.shape
+    chex.assert_shape(fitness, (population,))
+    weights = cma_weights(population)
+    mu = weights.shape[0]
+    mu_eff = 1.0 / jnp.sum(weights**2)
+    c_sigma = (mu_eff + 2.0) / (n + mu_eff + 5.0)
+    d_sigma = 1.0 + 2.0 * jnp.maximum(0.0, jnp.sqrt((mu_eff - 1.0) / (n + 1.0)) - 1.0) + c_sigma
+    c_c = (4.0 + mu_eff / n) / (n + 4.0 + 2.0 * mu_eff / n)
+    c_1 = 2.0 / ((n + 1.3) ** 2 + mu_eff)
+    c_mu = jnp.minimum(1.0 - c_1, 2.0 * (mu_eff - 2.0 + 1.0 / mu_eff) / ((n + 2.0) ** 2 + mu_eff))
+    expected_norm = math.sqrt(n) * (1.0 - 1.0 / (4.0 * n) + 1.0 / (21.0 * n**2))  # E||N(0, I)||
+
+    order = jnp.argsort(-fitness)[:mu]  # the best mu, best first
+    y = (candidates[order] - state.mean) / state.sigma  # [mu, P]
+    y_w = weights @ y  # [P]
+    mean = state.mean + state.sigma * y_w  # eq. 41 with c_m = 1
+    # C^{-1/2} y_w = B D^{-1} B^T y_w
+    whitened = state.eigvecs @ ((state.eigvecs.T @ y_w) / jnp.sqrt(state.eigvals))
+    path_sigma = (1.0 - c_sigma) * state.path_sigma + jnp.sqrt(c_sigma * (2.0 - c_sigma) * mu_eff) * whitened  # eq. 43
+    norm = jnp.linalg.norm(path_sigma)
+    sigma = state.sigma * jnp.exp((c_sigma / d_sigma) * (norm / expected_norm - 1.0))  # eq. 44
+    generation = state.generation + 1
+    h_sigma = (norm / jnp.sqrt(1.0 - (1.0 - c_sigma) ** (2.0 * generation))
+               < (1.4 + 2.0 / (n + 1.0)) * expected_norm).astype(jnp.float32)
+    path_c = (1.0 - c_c) * state.path_c + h_sigma * jnp.sqrt(c_c * (2.0 - c_c) * mu_eff) * y_w  # eq. 45
+    delta = (1.0 - h_sigma) * c_c * (2.0 - c_c)
+    rank_mu = (y.T * weights) @ y  # sum_i w_i y_i y_i^T
+    cov = ((1.0 - c_1 - c_mu) * state.cov + c_1 * (jnp.outer(path_c, path_c) + delta * state.cov)
+           + c_mu * rank_mu)  # eq. 47 with sum(w) = 1
+    cov = 0.5 * (cov + cov.T)
+    eigvals, eigvecs = jnp.linalg.eigh(cov)
+    eigvals = jnp.maximum(eigvals, 1e-20)
+    return CMAState(mean, sigma, cov, eigvecs, eigvals, path_sigma, path_c, generation)
+
+
+def controller_action(theta: jax.Array, z: jax.Array, h: jax.Array, action_size: int) -> jax.Array:
+    """C: the raw output W [z, h] + b [..., A] of the flat parameters theta
+    [P = A (Z + H) + A] (paper eq. in section 2.3); leading axes shared by theta, z, h."""
+    features = jnp.concatenate([z, h], axis=-1)  # [..., Z + H]
+    n_in = features.shape[-1]
+    weights = theta[..., : action_size * n_in].reshape((*theta.shape[:-1], action_size, n_in))
+    bias = theta[..., action_size * n_in :]
+    return jnp.einsum("...ai,...i->...a", weights, features) + bias
+
+
+# --------------------------------------------------------------------------- #
+# Training
+# --------------------------------------------------------------------------- #
+class Stage(NamedTuple):
+    """One stage for one seed: init(key, inputs) -> state; update(state, inputs)
+    -> (state, metrics of [] arrays); num_updates; steps per update (for the
+    global_step column); host=True when `update` steps host envs and cannot be jitted."""
+
+    init: Callable
+    update: Callable
+    num_updates: int
+    steps_per_update: int
+    host: bool = False
+
+
+class WorldModels(NamedTuple):
+    """What `make_train` returns: pure functions closed over the static config."""
+
+    collect: Stage  # inputs: None -> state Rollouts
+    vae: Stage  # inputs: Rollouts -> TrainState
+    mdn: Stage  # inputs: (Rollouts, params after V, V's (mean, log_var) [N, T + 1, Z]) -> TrainState
+    controller: Stage  # inputs: (params after M, initial latents [N, 2, Z]) -> ControllerState
+    encode: Callable  # (params, frames [..., S, S, C] uint8) -> (mean, log_var) [..., Z]
+    encode_rollouts: Callable  # (params, Rollouts) -> (mean, log_var) [N, T + 1, Z]
+    rollouts_shape: Rollouts  # of jax.ShapeDtypeStruct: what stage 1 produces
+    initial_latents: Callable  # (params, Rollouts) -> (mean, log_var) of every rollout's first frame [N, 2, Z]
+    real_returns: Callable  # (params, thetas [B, P], key, max_steps) -> returns [B] (one episode each)
+    dream_returns: Callable  # (params, thetas [B, P], initial latents, key, max_steps) -> returns [B]
+    dream: Callable  # (params, theta [P], z0 [Z], key, steps) -> (z [steps, Z], done [steps]) one dream rollout
+    evaluate: Callable  # (params, theta [P], key) -> returns [eval_episodes]
+    train: Callable  # key -> (params, ControllerState, eval returns): every stage fused in one program
+    graphdef: Any
+    spec: envs.EnvSpec
+    num_params: int  # P, the controller's parameter count
+
+
+def make_train(args: Args) -> WorldModels:
+    host = args.env_id in HOST_ENVS
+    if host:
+        host_env = CarRacingHost(args)
+        spec = host_env.spec
+    else:
+        spec = envs.spec(*envs.make(args.env_id))
+    discrete = spec.discrete
+    action_size = spec.num_actions
+    low = None if discrete else jnp.asarray(spec.action_low, jnp.float32)
+    high = None if discrete else jnp.asarray(spec.action_high, jnp.float32)
+    graphdef = nnx.split(nnx.eval_shape(lambda: Models(args, action_size, nnx.Rngs(0))), VAE_PART, ...)[0]
+    Z, H = args.z_size, args.rnn_size
+    num_params = action_size * (Z + H) + action_size
+    max_steps = args.controller_max_steps or spec.max_episode_steps
+    N, T = args.num_rollouts, args.rollout_steps
+
+    def env_action(raw: jax.Array) -> jax.Array:
+        """C's raw output [..., A] -> the env's action: argmax for discrete
+        actions, else tanh squashed into [low, high]."""
+        if discrete:
+            return jnp.argmax(raw, axis=-1)
+        return low + (jnp.tanh(raw) + 1.0) * 0.5 * (high - low)
+
+    def model_action(action: jax.Array) -> jax.Array:
+        """The env's action -> M's input [..., A]: one-hot for discrete actions."""
+        return jax.nn.one_hot(action, action_size) if discrete else action
+
+    def to_float(frames: jax.Array) -> jax.Array:
+        return frames.astype(jnp.float32) / 255.0
+
+    def merge(params: Params) -> Models:
+        return nnx.merge(graphdef, params.vae, params.mdn)
+
+    def fresh_params(key) -> Params:
+        return Params(*nnx.split(Models(args, action_size, nnx.Rngs(key)), VAE_PART, ...)[1:])
+
+    def encode(params, frames):
+        return merge(params).vae.encode(to_float(frames))
+
+    # ----- stage 1: random rollouts ---------------------------------------- #
+    make_env = lambda n: pixels.make(args.env_id, n, size=args.image_size, grayscale=args.grayscale)  # noqa: E731
+    env, env_params = make_env(N) if not host else (None, None)
+
+    def collect_init(key, _inputs=None) -> Rollouts:
+        """N uniformly random episodes from reset, vmapped, T steps in a scan;
+        after an episode's end its env keeps stepping but nothing is valid."""
+        reset_key, key = jax.random.split(key)
+        obs, env_state = env.reset(reset_key, env_params)
+
+        def step(carry, key):
+            env_state, obs, alive = carry
+            action_key, step_key = jax.random.split(key)
+            if discrete:
+                action = jax.random.randint(action_key, (N,), 0, action_size)
+            else:
+                action = jax.random.uniform(action_key, (N, action_size), minval=low, maxval=high)
+            next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
+            out = (model_action(action), reward * alive, terminated & alive, alive,
+                   pixels_to_uint8(info["final_observation"]))
+            return (env_state, next_obs, alive & ~(terminated | truncated)), out
+
+        _, (actions, rewards, terminated, valid, reached) = jax.lax.scan(
+            step, (env_state, obs, jnp.ones(N, bool)), jax.random.split(key, T))
+        # Frame t + 1 is the frame step t reached: the final observation at an episode's end.
+        frames = jnp.concatenate([pixels_to_uint8(obs)[None], reached], axis=0)  # [T + 1, N, S, S, C]
+        swap = lambda x: jnp.swapaxes(x, 0, 1)
+        return Rollouts(swap(frames), swap(actions), swap(rewards), swap(terminated), swap(valid))
+
+    def collect_update(state, _inputs=None):
+        lengths = state.valid.sum(1)
+        return state, {"random_episode_length": lengths.mean(), "random_episode_return": state.rewards.sum(1).mean(),
+                       "frames": (lengths + 1).sum().astype(jnp.float32),
+                       "episodes_cut": (lengths == T).mean() * 1.0}
+
+    # ----- stage 2: V ------------------------------------------------------ #
+    vae_tx = optax.adam(args.vae_learning_rate)
+    clip = [optax.clip_by_global_norm(args.mdn_grad_clip)] if args.mdn_grad_clip > 0 else []
+    mdn_tx = optax.chain(*clip, optax.adam(args.mdn_learning_rate))
+
+    def frame_valid(data: Rollouts) -> jax.Array:
+        """[N, T + 1] bool: frame 0 and every frame a valid step reached."""
+        return jnp.concatenate([jnp.ones((data.valid.shape[0], 1), bool), data.valid], axis=1)
+
+    def vae_init(key, data: Rollouts) -> TrainState:
+        model_key, key = jax.random.split(key)
+        params = fresh_params(model_key)
+        return TrainState(params, vae_tx.init(params.vae), key)
+
+    def vae_update(state: TrainState, data: Rollouts):
+        """`vae_batches` Adam steps, each on frames drawn uniformly (with
+        replacement) from all collected frames."""
+        flat_frames = data.frames.reshape((-1, *args.image_shape))
+        probabilities = frame_valid(data).reshape(-1).astype(jnp.float32)
+        probabilities = probabilities / probabilities.sum()
+
+        def step(carry, key):
+            vae_params, opt_state = carry
+            index_key, loss_key = jax.random.split(key)
+            index = jax.random.choice(index_key, flat_frames.shape[0], (args.vae_batch_size,), p=probabilities)
+            frames = to_float(flat_frames[index])
+
+            def loss_fn(vae_params):
+                vae = merge(state.params._replace(vae=vae_params)).vae
+                return vae_loss(vae, frames, loss_key, args.kl_weight, args.free_bits)
+
+            grads, metrics = jax.grad(loss_fn, has_aux=True)(vae_params)
+            updates, opt_state = vae_tx.update(grads, opt_state, vae_params)
+            return (optax.apply_updates(vae_params, updates), opt_state), metrics
+
+        key, steps_key = jax.random.split(state.key)
+        (vae_params, opt_state), metrics = jax.lax.scan(
+            step, (state.params.vae, state.opt_state), jax.random.split(steps_key, args.vae_batches))
+        return TrainState(state.params._replace(vae=vae_params), opt_state, key), jax.tree.map(jnp.mean, metrics)
+
+    # ----- stage 3: M ------------------------------------------------------ #
+    def encode_rollouts(params, data: Rollouts):
+        """(mean, log_var) [N, T + 1, Z] of every frame, a rollout at a time."""
+        return jax.lax.map(lambda frames: encode(params, frames), data.frames)
+
+    def mdn_init(key, inputs) -> TrainState:
+        _, params, _ = inputs
+        model_key, key = jax.random.split(key)
+        params = params._replace(mdn=fresh_params(model_key).mdn)
+        return TrainState(params, mdn_tx.init(params.mdn), key)
+
+    def mdn_update(state: TrainState, inputs):
+        """`mdn_batches` Adam steps on random whole rollouts; z is resampled
+        from V's posterior at every step (the paper trains M on sampled z)."""
+        data, _, (z_mean, z_log_var) = inputs  # V's posterior of every frame [N, T + 1, Z]; V is fixed now
+
+        def step(carry, key):
+            mdn_params, opt_state = carry
+            index_key, noise_key = jax.random.split(key)
+            index = jax.random.choice(index_key, N, (args.mdn_batch_size,), replace=False)
+            time_major = lambda x: jnp.swapaxes(x[index], 0, 1)
+            mean, log_var = time_major(z_mean), time_major(z_log_var)
+            z = mean + jnp.exp(0.5 * log_var) * jax.random.normal(noise_key, mean.shape)
+
+            def loss_fn(mdn_params):
+                mdn = merge(state.params._replace(mdn=mdn_params)).mdn
+                return mdn_sequence_loss(mdn, z, time_major(data.actions), time_major(data.rewards),
+                                         time_major(data.terminated), time_major(data.valid))
+
+            grads, metrics = jax.grad(loss_fn, has_aux=True)(mdn_params)
+            updates, opt_state = mdn_tx.update(grads, opt_state, mdn_params)
+            return (optax.apply_updates(mdn_params, updates), opt_state), metrics
+
+        key, steps_key = jax.random.split(state.key)
+        (mdn_params, opt_state), metrics = jax.lax.scan(
+            step, (state.params.mdn, state.opt_state), jax.random.split(steps_key, args.mdn_batches))
+        return TrainState(state.params._replace(mdn=mdn_params), opt_state, key), jax.tree.map(jnp.mean, metrics)
+
+    # ----- stage 4: C ------------------------------------------------------ #
+    def zero_carry(batch: int):
+        return (jnp.zeros((batch, H)), jnp.zeros((batch, H)))
+
+    def policy_step(params, thetas, frames, carry):
+        """Acting with V, M and C for a batch [B]: frames [B, S, S, C] uint8 ->
+        (env actions [B] or [B, A], next LSTM carry). z is V's posterior mean."""
+        models = merge(params)
+        z, _ = models.vae.encode(to_float(frames))  # [B, Z]
+        action = env_action(controller_action(thetas, z, carry[1], action_size))
+        carry, _ = models.mdn.step(carry, z, model_action(action))
+        return action, carry
+
+    def real_returns(params, thetas, key, steps: int):
+        """One real episode per controller in thetas [B, P] -> returns [B]; a
+        while loop that stops when every episode has ended (or after `steps`)."""
+        batch = thetas.shape[0]
+        batched_env, _ = make_env(batch)
+        reset_key, key = jax.random.split(key)
+        obs, env_state = batched_env.reset(reset_key, env_params)
+
+        def body(carry):
+            t, key, env_state, obs, lstm, alive, returns = carry
+            key, step_key = jax.random.split(key)
+            action, lstm = policy_step(params, thetas, pixels_to_uint8(obs), lstm)
+            obs, env_state, reward, terminated, truncated, _ = batched_env.step(step_key, env_state, action, env_params)
+            returns = returns + reward * alive
+            return t + 1, key, env_state, obs, lstm, alive & ~(terminated | truncated), returns
+
+        cond = lambda carry: (carry[0] < steps) & carry[5].any()
+        init = (jnp.int32(0), key, env_state, obs, zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
+        return jax.lax.while_loop(cond, body, init)[-1]
+
+    def dream_step(models, theta, z, carry, key):
+        """One step inside M: (z [B, Z], carry) -> (z', carry, reward [B], done [B])."""
+        action = env_action(controller_action(theta, z, carry[1], action_size))
+        carry, out = models.mdn.step(carry, z, model_action(action))
+        z_next = mdn_sample(key, out.logits, out.mean, out.log_std, args.temperature)
+        return z_next, carry, out.reward, out.done_logit > 0.0
+
+    def dream_returns(params, thetas, latents, key, steps: int):
+        """One dreamed episode per controller [B, P] -> returns [B]: z_0 sampled
+        from V's posterior of a random real first frame, then M at temperature
+        tau; M's predicted rewards add up until its done head fires (p > 0.5)."""
+        models = merge(params)
+        batch = thetas.shape[0]
+        start_key, noise_key, key = jax.random.split(key, 3)
+        start = latents[jax.random.randint(start_key, (batch,), 0, latents.shape[0])]  # [B, 2, Z]
+        z = start[:, 0] + jnp.exp(0.5 * start[:, 1]) * jax.random.normal(noise_key, (batch, Z))
+
+        def body(carry):
+            t, key, z, lstm, alive, returns = carry
+            key, step_key = jax.random.split(key)
+            z, lstm, reward, done = dream_step(models, thetas, z, lstm, step_key)
+            return t + 1, key, z, lstm, alive & ~done, returns + reward * alive
+
+        cond = lambda carry: (carry[0] < steps) & carry[4].any()
+        init = (jnp.int32(0), key, z, zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
+        return jax.lax.while_loop(cond, body, init)[-1]
+
+    def dream(params, theta, z0, key, steps: int):
+        """One dream of `steps` steps from z0 [Z] (for pictures): (z [steps + 1, Z], done [steps])."""
+        models = merge(params)
+
+        def step(carry, key):
+            z, lstm = carry
+            z_next, lstm, _, done = dream_step(models, theta[None], z, lstm, key)
+            return (z_next, lstm), (z_next[0], done[0])
+
+        _, (zs, dones) = jax.lax.scan(step, (z0[None], zero_carry(1)), jax.random.split(key, steps))
+        return jnp.concatenate([z0[None], zs]), dones
+
+    def initial_latents(params, data: Rollouts) -> jax.Array:
+        mean, log_var = encode(params, data.frames[:, 0])
+        return jnp.stack([mean, log_var], axis=1)  # [N, 2, Z]
+
+    def controller_init(key, inputs) -> ControllerState:
+        return ControllerState(cma_init(jnp.zeros(num_params), args.cma_sigma), key, jnp.zeros(num_params),
+                               jnp.float32(-jnp.inf))
+
+    def fitness(params, candidates, latents, key):
+        """Mean return over `trials` episodes of each candidate [population, P] -> [population]."""
+        thetas = jnp.repeat(candidates, args.trials, axis=0)  # [population * trials, P]
+        if args.controller_env == "dream":
+            returns = dream_returns(params, thetas, latents, key, max_steps)
+        else:
+            returns = real_returns(params, thetas, key, max_steps)
+        return returns.reshape(args.population, args.trials).mean(1)
+
+    def controller_update(state: ControllerState, inputs, fitness_fn=None):
+        """One CMA-ES generation: ask, score the whole population (vmapped
+        episodes, one program), tell."""
+        params, latents = inputs
+        key, ask_key, score_key = jax.random.split(state.key, 3)
+        candidates = cma_ask(state.cma, ask_key, args.population)
+        scores = (fitness_fn or fitness)(params, candidates, latents, score_key)
+        cma = cma_tell(state.cma, candidates, scores)
+        best = jnp.argmax(scores)
+        improved = scores[best] > state.best_fitness
+        new = ControllerState(cma, key, jnp.where(improved, candidates[best], state.best_params),
+                              jnp.maximum(scores[best], state.best_fitness))
+        return new, {"episode_return": scores.mean(), "fitness_best": scores.max(), "fitness_worst": scores.min(),
+                     "best_ever": new.best_fitness, "sigma": cma.sigma, "mean_norm": jnp.linalg.norm(cma.mean)}
+
+    def evaluate(params, theta, key):
+        """The controller theta [P] over `eval_episodes` real episodes -> returns [eval_episodes]."""
+        thetas = jnp.broadcast_to(theta, (args.eval_episodes, num_params))
+        return real_returns(params, thetas, key, spec.max_episode_steps)
+
+    def train(key):
+        """Every stage in one program (vmappable over keys): returns V and M's
+        parameters, the final CMA-ES state and the evaluation of its mean."""
+        keys = jax.random.split(key, 5)
+        data = collect_init(keys[0])
+        vae_state = jax.lax.fori_loop(0, args.vae_updates, lambda _, s: vae_update(s, data)[0],
+                                      vae_init(keys[1], data))
+        mdn_inputs = (data, vae_state.params, encode_rollouts(vae_state.params, data))
+        mdn_state = jax.lax.fori_loop(0, args.mdn_updates, lambda _, s: mdn_update(s, mdn_inputs)[0],
+                                      mdn_init(keys[2], mdn_inputs))
+        inputs = (mdn_state.params, initial_latents(mdn_state.params, data))
+        controller = jax.lax.fori_loop(0, args.generations, lambda _, s: controller_update(s, inputs)[0],
+                                       controller_init(keys[3], inputs))
+        return mdn_state.params, controller, evaluate(mdn_state.params, controller.cma.mean, keys[4])
+
+    stage_steps = {"collect": N * T, "vae": args.vae_batches * args.vae_batch_size,
+                   "mdn": args.mdn_batches * args.mdn_batch_size * T,
+                   "controller": args.population * args.trials * max_steps}
+    if host:
+        collect_init = lambda key, _inputs=None: host_env.collect(key)  # noqa: E731
+        real = lambda params, thetas, key, steps: host_env.returns(  # noqa: E731
+            params, thetas, key, steps, policy_step, zero_carry)
+        base_fitness = fitness
+
+        def fitness(params, candidates, latents, key):  # noqa: F811
+            if args.controller_env == "dream":
+                return base_fitness(params, candidates, latents, key)
+            thetas = jnp.repeat(candidates, args.trials, axis=0)
+            return real(params, thetas, key, max_steps).reshape(args.population, args.trials).mean(1)
+
+        def evaluate(params, theta, key):  # noqa: F811
+            return real(params, jnp.broadcast_to(theta, (args.eval_episodes, num_params)), key,
+                        spec.max_episode_steps)
+
+        real_returns = real  # noqa: F811
+    host_controller = host and args.controller_env == "real"
+    A = action_size
+    rollouts_shape = Rollouts(jax.ShapeDtypeStruct((N, T + 1, *args.image_shape), jnp.uint8),
+                              jax.ShapeDtypeStruct((N, T, A), jnp.float32), jax.ShapeDtypeStruct((N, T), jnp.float32),
+                              jax.ShapeDtypeStruct((N, T), jnp.bool_), jax.ShapeDtypeStruct((N, T), jnp.bool_))
+    return WorldModels(
+        collect=Stage(collect_init, collect_update, 1, stage_steps["collect"], host=host),
+        vae=Stage(vae_init, vae_update, args.vae_updates, stage_steps["vae"]),
+        mdn=Stage(mdn_init, mdn_update, args.mdn_updates, stage_steps["mdn"]),
+        controller=Stage(controller_init, lambda s, i: controller_update(s, i, fitness), args.generations,
+                         stage_steps["controller"], host=host_controller),
+        encode=encode, encode_rollouts=encode_rollouts, rollouts_shape=rollouts_shape, initial_latents=initial_latents, real_returns=real_returns, dream_returns=dream_returns,
+        dream=dream, evaluate=evaluate, train=train, graphdef=graphdef, spec=spec, num_params=num_params,
+    )
+
+
+def pixels_to_uint8(frames: jax.Array) -> jax.Array:
+    """Float frames in [0, 1] -> uint8 (what the rollouts store and V reads)."""
+    return jnp.round(jnp.clip(frames, 0.0, 1.0) * 255.0).astype(jnp.uint8)
+
+
+# --------------------------------------------------------------------------- #
+# CarRacing-v3 on the host (optional extra: box2d)
+# --------------------------------------------------------------------------- #
+class CarRacingHost:
+    """The paper's CarRacing through gymnasium: envs stepped in Python, V, M and
+    C batched and jitted. Frames: the 96 x 96 render without its bottom
+    12-pixel dashboard, resized to image_size (the paper crops and resizes to
+    64 x 64). Random rollouts use actions uniform in [-1, 1] x [0, 1] x [0, 1]."""
+
+    def __init__(self, args: Args):
+        try:
+            import gymnasium
+            import Box2D  # noqa: F401
+            self.gym = gymnasium
+        except ImportError as error:
+            raise ValueError(
+                f"env_id {args.env_id!r} needs gymnasium's box2d extra, which is not installed ({error}); "
+                "install it with `pip install box2d pygame` (a manylinux wheel exists for CPython 3.11), "
+                f"or use a pure-JAX pixel env: {', '.join(pixels.RENDERERS)}") from None
+        self.args = args
+        self.spec = envs.EnvSpec(obs_shape=args.image_shape, discrete=False, num_actions=3,
+                                 action_low=np.array([-1.0, 0.0, 0.0], np.float32),
+                                 action_high=np.ones(3, np.float32), max_episode_steps=1000)
+
+    def preprocess(self, frames: np.ndarray) -> jax.Array:
+        """[B, 96, 96, 3] uint8 -> [B, S, S, C] uint8."""
+        image = jnp.asarray(frames[:, :84], jnp.float32) / 255.0
+        image = jax.image.resize(image, (image.shape[0], self.args.image_size, self.args.image_size, 3), "bilinear")
+        if self.args.grayscale:
+            image = pixels.to_grayscale(image)
+        return pixels_to_uint8(image)
+
+    def make_envs(self, n: int):
+        return [self.gym.make("CarRacing-v3") for _ in range(n)]
+
+    def collect(self, key) -> Rollouts:
+        args, n, steps = self.args, self.args.num_rollouts, self.args.rollout_steps
+        seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
+        rng = np.random.default_rng(seed)
+        frames = np.zeros((n, steps + 1, *args.image_shape), np.uint8)
+        actions = np.zeros((n, steps, 3), np.float32)
+        rewards, terminated, valid = (np.zeros((n, steps), dt) for dt in (np.float32, bool, bool))
+        env = self.gym.make("CarRacing-v3")
+        for i in range(n):
+            obs, _ = env.reset(seed=seed + i)
+            raw = [obs]
+            for t in range(steps):
+                action = rng.uniform([-1.0, 0.0, 0.0], [1.0, 1.0, 1.0]).astype(np.float32)
+                obs, reward, term, trunc, _ = env.step(action)
+                raw.append(obs)
+                actions[i, t], rewards[i, t], terminated[i, t], valid[i, t] = action, reward, term, True
+                if term or trunc:
+                    break
+            frames[i, : len(raw)] = np.asarray(self.preprocess(np.stack(raw)))
+        env.close()
+        return Rollouts(jnp.asarray(frames), jnp.asarray(actions), jnp.asarray(rewards), jnp.asarray(terminated),
+                        jnp.asarray(valid))
+
+    def returns(self, params, thetas, key, steps, policy_step, zero_carry) -> jax.Array:
+        """One host episode per controller in thetas [B, P], all B envs in lockstep -> returns [B]."""
+        batch = thetas.shape[0]
+        seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
+        env_list = self.make_envs(batch)
+        obs = np.stack([e.reset(seed=seed + i)[0] for i, e in enumerate(env_list)])
+        act = jax.jit(policy_step)
+        lstm, alive, total = zero_carry(batch), np.ones(batch, bool), np.zeros(batch)
+        for _ in range(steps):
+            action, lstm = act(params, thetas, self.preprocess(obs), lstm)
+            action = np.asarray(action)
+            for i, e in enumerate(env_list):
+                if alive[i]:
+                    obs_i, reward, term, trunc, _ = e.step(action[i])
+                    obs[i], total[i], alive[i] = obs_i, total[i] + reward, not (term or trunc)
+            if not alive.any():
+                break
+        for e in env_list:
+            e.close()
+        return jnp.asarray(total, jnp.float32)
+
+
+# --------------------------------------------------------------------------- #
+# Host loop
+# --------------------------------------------------------------------------- #
+def stage_inputs(name: str, outputs: dict, wm: WorldModels):
+    """What a stage reads from the earlier stages' final states (leaves [num_seeds, ...])."""
+    if name == "collect":
+        return None
+    data = outputs["collect"]
+    if name == "vae":
+        return data
+    if name == "mdn":
+        params = outputs["vae"].params
+        return data, params, jax.jit(jax.vmap(wm.encode_rollouts))(params, data)
+    params = outputs["mdn"].params
+    return params, jax.jit(jax.vmap(wm.initial_latents))(params, data)
+
+
+def abstract_stage_state(name: str, stage: Stage, seeds: np.ndarray, inputs, wm: WorldModels):
+    """Shapes of a stage's stacked state [num_seeds, ...], as checkpoint templates."""
+    if name == "collect":  # its init may step host envs, so the shapes are written out
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct((len(seeds), *x.shape), x.dtype), wm.rollouts_shape)
+    return jax.eval_shape(lambda s, i: init_seeds(stage, name, s, i), seeds, inputs)
+
+
+def init_seeds(stage: Stage, name: str, seeds, inputs):
+    """`stage.init` for each seed, one after another (`lax.map`, as common/runner.init_seeds),
+    with the key fold_in(key(seed), stage index) so every stage draws its own stream."""
+    index = STAGES.index(name)
+    return jax.lax.map(lambda a: stage.init(jax.random.fold_in(jax.random.key(a[0]), index), a[1]), (seeds, inputs))
+
+
+def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seeds: np.ndarray, wm: WorldModels):
+    """One stage for all seeds: init (or restore the stage's newest checkpoint,
+    which is how --resume continues a stage), then chunks of `log_every` updates
+    (one jitted `lax.scan` from common/runner.make_chunk, vmapped over seeds by
+    common/runner.over_seeds, the state donated), metrics.csv and checkpoints
+    in `stage_dir`. Returns (state [num_seeds, ...], seconds, chunk traces)."""
+    start = time.perf_counter()
+    updates_done = checkpoint.latest_update(stage_dir)
+    if updates_done is not None:
+        state, updates_done = checkpoint.restore(stage_dir, abstract_stage_state(name, stage, seeds, inputs, wm))
+        state = jax.device_put(state)
+    elif stage.host:  # one seed (checked in Args)
+        seed_inputs = jax.tree.map(lambda x: x[0], inputs)
+        state = jax.tree.map(lambda x: x[None], stage.init(jax.random.fold_in(jax.random.key(int(seeds[0])),
+                                                                             STAGES.index(name)), seed_inputs))
+    else:
+        state = jax.jit(lambda s, i: init_seeds(stage, name, s, i), compiler_options=runner.RUN_ONCE)(seeds, inputs)
+    run_log = logger.Run(args, stage_dir, total_steps=stage.num_updates * stage.steps_per_update,
+                         tensorboard=args.tensorboard, track=args.track, resume_from_update=updates_done)
+    traces = [0]
+    if stage.host:
+        def run_chunk(state, first_update, inputs):
+            one = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731
+            state, rows = one(state), []
+            for _ in range(min(args.log_every, stage.num_updates - first_update)):
+                state, metrics = stage.update(state, one(inputs))
+                rows.append(metrics)
+            return jax.tree.map(lambda x: x[None], state), jax.tree.map(lambda *x: jnp.stack(x)[None], *rows)
+    else:
+        def chunk(state, first_update, inputs):
+            # The inputs (rollouts, earlier stages' parameters) are traced
+            # arguments, never constants baked into the program.
+            traces[0] += 1
+            scan, _ = runner.make_chunk(lambda s: stage.update(s, inputs), stage.num_updates, args.log_every)
+            return scan(state, first_update)
+
+        run_chunk = jax.jit(runner.over_seeds(chunk, args.num_seeds, (0, None, 0)), donate_argnums=0)
+    last_checkpoint = done = updates_done or 0
+    while done < stage.num_updates:
+        state, metrics = run_chunk(state, done if stage.host else jnp.int32(done), inputs)
+        count = min(args.log_every, stage.num_updates - done)
+        metrics = {k: np.asarray(v)[:, :count] for k, v in jax.device_get(metrics).items()}
+        update_index = np.arange(done + 1, done + count + 1)
+        run_log.log(update_index, update_index * stage.steps_per_update, metrics)
+        done += count
+        if args.save_model and (done - last_checkpoint >= args.checkpoint_every or done == stage.num_updates):
+            checkpoint.save(stage_dir, done, state)
+            last_checkpoint = done
+    run_log.progress(done * stage.steps_per_update, final=True)
+    run_log.close()
+    jax.block_until_ready(state)
+    return state, time.perf_counter() - start, traces[0]
+
+
+def load_stage(run_dir: Path, name: str, stage: Stage, seeds: np.ndarray, inputs, wm: WorldModels):
+    """A finished stage's final state from `run_dir/<name>/checkpoints`."""
+    stage_dir = Path(run_dir) / name
+    latest = checkpoint.latest_update(stage_dir)
+    if latest is None:
+        raise FileNotFoundError(f"stage {name!r} is needed but not in --stages, and {str(stage_dir)!r} has no "
+                                "checkpoint; pass --source-run with a run directory that finished it")
+    if latest < stage.num_updates:
+        raise ValueError(f"stage {name!r} in {str(stage_dir)!r} stopped at update {latest} of {stage.num_updates}; "
+                         f"finish it with --resume {run_dir}")
+    state, _ = checkpoint.restore(stage_dir, abstract_stage_state(name, stage, seeds, inputs, wm))
+    return jax.device_put(state)
+
+
+def main(args: Args) -> dict:
+    """Run the selected stages in order, each in its own directory under the
+    run directory (metrics.csv, checkpoints), after loading the earlier ones
+    from --source-run; then evaluate the final controller (the CMA-ES mean)
+    over `eval_episodes` real episodes. Returns a summary (also eval.json)
+    with the stages' final states under "outputs"."""
+    args = cli.resolve_resume(args)
+    cli.configure_jax(args.compile_cache)
+    wm = make_train(args)
+    seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
+    if args.resume is not None:
+        run_dir = Path(args.resume)
+    else:
+        run_dir = logger.new_run_dir(args.run_root, args.env_id, args.exp_name, args.seed)
+        (run_dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2, default=str) + "\n")
+    if STAGES.index(args.stages[0]) > 0 and args.source_run is None:
+        raise ValueError(f"stages {list(args.stages)} start after {STAGES[0]!r}: pass --source-run RUN_DIR, a run "
+                         "that finished the earlier stages")
+    outputs, seconds, traces = {}, {}, {}
+    for i, name in enumerate(STAGES[: STAGES.index(args.stages[-1]) + 1]):
+        stage = getattr(wm, name)
+        inputs = stage_inputs(name, outputs, wm)
+        if name in args.stages:
+            print(f"[world_models] stage {i + 1}/4 {name}: {stage.num_updates} update(s) -> {run_dir / name}")
+            outputs[name], seconds[name], traces[name] = run_stage(args, name, stage, run_dir / name, inputs, seeds,
+                                                                   wm)
+        else:
+            outputs[name] = load_stage(Path(args.source_run), name, stage, seeds, inputs, wm)
+    summary = {"run_dir": str(run_dir), "stage_seconds": seconds, "chunk_traces": traces}
+    if "controller" in args.stages:
+        params, mean = outputs["mdn"].params, outputs["controller"].cma.mean
+        keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), len(STAGES)))(seeds)
+        start = time.perf_counter()
+        if wm.controller.host:
+            returns = np.stack([np.asarray(wm.evaluate(jax.tree.map(lambda x: x[j], params), mean[j], keys[j]))
+                                for j in range(args.num_seeds)])
+        else:
+            returns = np.asarray(jax.jit(jax.vmap(wm.evaluate))(params, mean, keys))
+        seconds["evaluate"] = time.perf_counter() - start
+        summary.update(returns=returns, mean=float(returns.mean()), std=float(returns.std()),
+                       per_seed=[[float(r.mean()), float(r.std())] for r in returns],
+                       best_fitness=np.asarray(outputs["controller"].best_fitness), controller_env=args.controller_env)
+        print(f"[world_models] {args.controller_env}-trained controller (CMA-ES mean) over {args.eval_episodes} real "
+              f"episodes x {args.num_seeds} seed(s): {returns.mean():.1f} +- {returns.std():.1f}")
+    print("[world_models] seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
+    (run_dir / "eval.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+    return {**summary, "outputs": outputs}
+
+
+def _json_default(x):
+    return np.asarray(x).tolist()
+
+
+if __name__ == "__main__":
+    with cli.user_errors():
+        main(cli.parse(Args, "world_models"))
