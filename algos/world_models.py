@@ -251,9 +251,13 @@ class VAE(nnx.Module):
     encode(frames [..., S, S, C] in [0, 1]) -> (mean, log_var) [..., Z]: ReLU
         convolutions of depth x (1, 2, 4, 8) channels down to 2 x 2, flattened,
         one linear layer to 2Z.
-    decode(z [..., Z]) -> frames [..., S, S, C] in (0, 1): a linear layer to a
-        1 x 1 map of 4 x 8 x depth features (the paper's 1024), ReLU transposed
-        convolutions, a sigmoid on the last.
+    decode(z [..., Z]) -> frames [..., S, S, C]: a linear layer to a 1 x 1 map
+        of 4 x 8 x depth features (the paper's 1024), ReLU transposed
+        convolutions, the last one linear. The paper ends in a sigmoid; with the
+        squared error on white-background frames the sigmoid saturates at 1 and
+        the small dark cart and pole never get a gradient (the V of the first
+        pixel-CartPole run stayed at the mean image), so the output is linear
+        (as PlaNet's decoder) and pictures clip it to [0, 1].
     """
 
     def __init__(self, image_shape: tuple[int, int, int], depth: int, z_size: int, rngs: nnx.Rngs):
@@ -275,6 +279,7 @@ class VAE(nnx.Module):
         for conv in self.convs:
             x = jax.nn.relu(conv(x))
         mean, log_var = jnp.split(self.to_latent(x.reshape((x.shape[0], -1))), 2, axis=-1)
+        log_var = jnp.clip(log_var, -10.0, 5.0)  # keeps exp(log_var) finite without a KL term
         return mean.reshape((*lead, -1)), log_var.reshape((*lead, -1))
 
     def decode(self, z: jax.Array) -> jax.Array:
@@ -282,7 +287,8 @@ class VAE(nnx.Module):
         x = self.from_latent(z).reshape((-1, 1, 1, self.flat))
         for i, deconv in enumerate(self.deconvs):
             x = deconv(x)
-            x = jax.nn.relu(x) if i < len(self.deconvs) - 1 else jax.nn.sigmoid(x)
+            if i < len(self.deconvs) - 1:
+                x = jax.nn.relu(x)
         chex.assert_shape(x, (None, *self.image_shape))
         return x.reshape((*lead, *self.image_shape))
 
@@ -554,7 +560,8 @@ class WorldModels(NamedTuple):
     initial_latents: Callable  # (params, Rollouts) -> (mean, log_var) of every rollout's first frame [N, 2, Z]
     real_returns: Callable  # (params, thetas [B, P], key, max_steps) -> returns [B] (one episode each)
     dream_returns: Callable  # (params, thetas [B, P], initial latents, key, max_steps) -> returns [B]
-    dream: Callable  # (params, theta [P], z0 [Z], key, steps) -> (z [steps, Z], done [steps]) one dream rollout
+    dream: Callable  # (params, theta [P], z0 [Z], key, steps, tau) -> (z [steps + 1, Z], done [steps]) one dream
+    merge: Callable  # Params -> Models (V and M as modules)
     evaluate: Callable  # (params, theta [P], key) -> returns [eval_episodes]
     train: Callable  # key -> (params, ControllerState, eval returns): every stage fused in one program
     graphdef: Any
@@ -748,11 +755,11 @@ def make_train(args: Args) -> WorldModels:
         init = (jnp.int32(0), key, env_state, obs, zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
         return jax.lax.while_loop(cond, body, init)[-1]
 
-    def dream_step(models, theta, z, carry, key):
+    def dream_step(models, theta, z, carry, key, temperature=args.temperature):
         """One step inside M: (z [B, Z], carry) -> (z', carry, reward [B], done [B])."""
         action = env_action(controller_action(theta, z, carry[1], action_size))
         carry, out = models.mdn.step(carry, z, model_action(action))
-        z_next = mdn_sample(key, out.logits, out.mean, out.log_std, args.temperature)
+        z_next = mdn_sample(key, out.logits, out.mean, out.log_std, temperature)
         return z_next, carry, out.reward, out.done_logit > 0.0
 
     def dream_returns(params, thetas, latents, key, steps: int):
@@ -775,13 +782,13 @@ def make_train(args: Args) -> WorldModels:
         init = (jnp.int32(0), key, z, zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
         return jax.lax.while_loop(cond, body, init)[-1]
 
-    def dream(params, theta, z0, key, steps: int):
+    def dream(params, theta, z0, key, steps: int, temperature: float = args.temperature):
         """One dream of `steps` steps from z0 [Z] (for pictures): (z [steps + 1, Z], done [steps])."""
         models = merge(params)
 
         def step(carry, key):
             z, lstm = carry
-            z_next, lstm, _, done = dream_step(models, theta[None], z, lstm, key)
+            z_next, lstm, _, done = dream_step(models, theta[None], z, lstm, key, temperature)
             return (z_next, lstm), (z_next[0], done[0])
 
         _, (zs, dones) = jax.lax.scan(step, (z0[None], zero_carry(1)), jax.random.split(key, steps))
@@ -871,7 +878,7 @@ def make_train(args: Args) -> WorldModels:
         controller=Stage(controller_init, lambda s, i: controller_update(s, i, fitness), args.generations,
                          stage_steps["controller"], host=host_controller),
         encode=encode, encode_rollouts=encode_rollouts, rollouts_shape=rollouts_shape, initial_latents=initial_latents, real_returns=real_returns, dream_returns=dream_returns,
-        dream=dream, evaluate=evaluate, train=train, graphdef=graphdef, spec=spec, num_params=num_params,
+        dream=dream, merge=merge, evaluate=evaluate, train=train, graphdef=graphdef, spec=spec, num_params=num_params,
     )
 
 
@@ -1029,10 +1036,14 @@ def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seed
 
         run_chunk = jax.jit(runner.over_seeds(chunk, args.num_seeds, (0, None, 0)), donate_argnums=0)
     last_checkpoint = done = updates_done or 0
+    clock = time.perf_counter()
     while done < stage.num_updates:
         state, metrics = run_chunk(state, done if stage.host else jnp.int32(done), inputs)
         count = min(args.log_every, stage.num_updates - done)
         metrics = {k: np.asarray(v)[:, :count] for k, v in jax.device_get(metrics).items()}
+        now = time.perf_counter()
+        rate = count * stage.steps_per_update * args.num_seeds / (now - clock)  # the first chunk includes compiling
+        metrics["steps_per_second"], clock = np.full((args.num_seeds, count), rate), now
         update_index = np.arange(done + 1, done + count + 1)
         run_log.log(update_index, update_index * stage.steps_per_update, metrics)
         done += count
@@ -1057,6 +1068,24 @@ def load_stage(run_dir: Path, name: str, stage: Stage, seeds: np.ndarray, inputs
                          f"finish it with --resume {run_dir}")
     state, _ = checkpoint.restore(stage_dir, abstract_stage_state(name, stage, seeds, inputs, wm))
     return jax.device_put(state)
+
+
+def load_run(run_dir: str | Path) -> tuple[Args, WorldModels, dict]:
+    """A run's Args, its `make_train` and the final states of every stage it
+    finished (or its --source-run finished), leaves [num_seeds, ...]: for
+    figures and notebooks."""
+    args = cli.load_run_args(Args, run_dir)
+    world_models = make_train(args)
+    seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
+    outputs = {}
+    for name in STAGES:
+        stage = getattr(world_models, name)
+        here = checkpoint.latest_update(Path(run_dir) / name) is not None
+        if not here and (args.source_run is None or checkpoint.latest_update(Path(args.source_run) / name) is None):
+            break
+        outputs[name] = load_stage(Path(run_dir) if here else Path(args.source_run), name, stage, seeds,
+                                   stage_inputs(name, outputs, world_models), world_models)
+    return args, world_models, outputs
 
 
 def main(args: Args) -> dict:

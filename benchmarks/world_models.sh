@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Every World Models number and image in docs/world_models.md comes from this script.
+#   bash benchmarks/world_models.sh [real|dream|figures|carracing|all]
+# real: the pixel-cartpole preset, all four stages, C evolved in the real env.
+# dream: C evolved inside the real run's M (pixel-cartpole-dream preset, V and M
+#   loaded from the real run with --source-run), evaluated in the real env.
+# figures: reconstructions, dream rollouts, CMA-ES curves and the results table
+#   (benchmarks/world_models_figures.py -> docs/img/world_models_*.png,
+#   benchmarks/out/world_models/summary.md).
+# carracing: the carracing-small preset (needs box2d; skipped with a message otherwise).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=benchmarks/out/world_models
+PY=${PYTHON:-python}
+what=${1:-all}
+export PYTHONPATH=.
+
+if [[ $what == real || $what == all ]]; then
+  rm -rf "$OUT/real"
+  /usr/bin/time -v $PY algos/world_models.py --preset pixel-cartpole --run-root "$OUT/real" 2> "$OUT/real.time" \
+    || { tail -20 "$OUT/real.time"; exit 1; }
+fi
+if [[ $what == dream || $what == all ]]; then
+  rm -rf "$OUT/dream"
+  real_run=$(ls -d "$OUT"/real/*/ | head -1)
+  $PY algos/world_models.py --preset pixel-cartpole-dream --stages controller --source-run "$real_run" \
+    --run-root "$OUT/dream"
+fi
+if [[ $what == figures || $what == all ]]; then
+  $PY benchmarks/world_models_figures.py "$OUT"
+fi
+if [[ $what == carracing || $what == all ]]; then
+  if $PY -c "import Box2D" 2>/dev/null; then
+    rm -rf "$OUT/carracing-small"
+    $PY algos/world_models.py --preset carracing-small --run-root "$OUT/carracing-small"
+  else
+    echo "carracing: Box2D is not importable (pip install box2d pygame); skipped"
+  fi
+fi

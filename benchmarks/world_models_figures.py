@@ -1,0 +1,170 @@
+"""Figures and the results table of docs/world_models.md from the runs of
+benchmarks/world_models.sh: reconstructions, dream rollouts, CMA-ES curves,
+V and M losses, and benchmarks/out/world_models/summary.md.
+
+    python benchmarks/world_models_figures.py benchmarks/out/world_models
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from algos import world_models as wm  # noqa: E402
+from common import logger  # noqa: E402
+
+IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+
+
+def first_seed(tree):
+    return jax.tree.map(lambda x: x[0], tree)
+
+
+def show(ax, frame, title=None):
+    frame = np.asarray(frame, np.float32)
+    frame = frame / 255.0 if frame.max() > 1.5 else frame
+    ax.imshow(frame[..., 0] if frame.shape[-1] == 1 else frame, cmap="gray", vmin=0, vmax=1)
+    ax.set_xticks([]), ax.set_yticks([])
+    if title:
+        ax.set_title(title, fontsize=8)
+
+
+def reconstructions(world_models, outputs, path, count=8):
+    data, params = first_seed(outputs["collect"]), first_seed(outputs["mdn"]).params
+    lengths = np.asarray(data.valid.sum(1))
+    rng = np.random.default_rng(0)
+    rollouts = rng.choice(len(lengths), count, replace=False)
+    frames = jnp.stack([data.frames[i, rng.integers(0, lengths[i] + 1)] for i in rollouts])
+    mean, _ = world_models.encode(params, frames)
+    decoded = world_models.merge(params).vae.decode(mean)
+    fig, axes = plt.subplots(2, count, figsize=(1.3 * count, 2.9))
+    for j in range(count):
+        show(axes[0, j], frames[j], "real" if j == 0 else None)
+        show(axes[1, j], decoded[j], "V(z) decoded" if j == 0 else None)
+    fig.suptitle("V on pixel CartPole: real frames (top) and their reconstructions from z = mean of q(z|x)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def dreams(world_models, args, outputs, theta, path, steps=24, every=2):
+    """Top: a real episode of the controller (frames as V sees them); below:
+    dreams from the same first frame at two temperatures, each z decoded by V."""
+    data, params = first_seed(outputs["collect"]), first_seed(outputs["mdn"]).params
+    first = data.frames[3, 0]
+    z0, _ = world_models.encode(params, first[None])
+    rows = {}
+    for tau in (0.5, args.temperature):
+        dream = world_models.dream(params, theta, z0[0], jax.random.key(1), steps, tau)
+        rows[f"dream, tau {tau}"] = (world_models.merge(params).vae.decode(dream[0]), np.asarray(dream[1]))
+    fig, axes = plt.subplots(len(rows), steps // every + 1, figsize=(0.9 * (steps // every + 1), 1.2 * len(rows) + 0.5))
+    for r, (label, (frames, done)) in enumerate(rows.items()):
+        for c, t in enumerate(range(0, steps + 1, every)):
+            show(axes[r, c], frames[t], f"t={t}" if r == 0 else None)
+            if t > 0 and done[:t].any():
+                axes[r, c].set_facecolor("red")
+                for side in axes[r, c].spines.values():
+                    side.set_color("red")
+        axes[r, 0].set_ylabel(label, fontsize=8)
+    fig.suptitle("Dreams: M's sampled z sequence under the real-trained controller, decoded by V "
+                 "(red frame: M's done head has fired)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cma_curves(runs: dict[str, Path], path):
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 3.4), squeeze=False)
+    for ax, (label, run_dir) in zip(axes[0], runs.items()):
+        m = logger.read_metrics(run_dir / "controller")
+        ax.plot(m["update"], m["fitness_best"], label="best of generation")
+        ax.plot(m["update"], m["episode_return"], label="population mean")
+        ax.plot(m["update"], m["best_ever"], "--", label="best so far")
+        ax.set_xlabel("CMA-ES generation")
+        ax.set_ylabel("fitness (mean return over trials)")
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def losses(run_dir: Path, path):
+    vae, mdn = logger.read_metrics(run_dir / "vae"), logger.read_metrics(run_dir / "mdn")
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    axes[0].plot(vae["update"], vae["reconstruction_loss"], label="reconstruction (sum of squares)")
+    axes[0].plot(vae["update"], vae["kl"], label="KL (nats)")
+    axes[0].set_title("V", fontsize=9)
+    axes[1].plot(mdn["update"], mdn["z_nll"], label="z NLL (nats per dimension)")
+    axes[1].set_title("M: mixture density", fontsize=9)
+    for name in ("done_loss", "reward_loss", "done_accuracy"):
+        if name in mdn:
+            axes[2].plot(mdn["update"], mdn[name], label=name)
+    axes[2].set_title("M: reward and done heads", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("update")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()}, jax {jax.__version__}"
+
+
+def main(out: Path):
+    real_dir = next((out / "real").iterdir())
+    dream_dir = next((out / "dream").iterdir()) if (out / "dream").exists() else None
+    args, world_models, outputs = wm.load_run(real_dir)
+    theta = first_seed(outputs["controller"]).cma.mean
+    IMG.mkdir(parents=True, exist_ok=True)
+    reconstructions(world_models, outputs, IMG / "world_models_reconstructions.png")
+    dreams(world_models, args, outputs, theta, IMG / "world_models_dreams.png")
+    runs = {"C evolved in the real env (fitness: real returns)": real_dir}
+    if dream_dir is not None:
+        runs["C evolved in M's dream, tau 1.15 (fitness: dreamed returns)"] = dream_dir
+    cma_curves(runs, IMG / "world_models_cmaes.png")
+    losses(real_dir, IMG / "world_models_losses.png")
+
+    lines = [f"machine: {machine()}", ""]
+    time_file = out / "real.time"
+    if time_file.exists():
+        text = time_file.read_text()
+        rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+        wall = re.search(r"Elapsed \(wall clock\) time.*: (\S+)", text)
+        lines.append(f"real run, whole process: wall {wall.group(1) if wall else '?'}, "
+                     f"max RSS {int(rss.group(1)) / 1e6:.2f} GB" if rss else "")
+        lines.append("")
+    lines += ["| run | controller trained in | eval return over 100 real episodes (mean +- std) | "
+              "seconds: collect / V / M / C / eval |", "| --- | --- | --- | --- |"]
+    for label, run_dir in (("pixel-cartpole", real_dir), ("pixel-cartpole-dream", dream_dir)):
+        if run_dir is None:
+            continue
+        summary = json.loads((run_dir / "eval.json").read_text())
+        sec = summary["stage_seconds"]
+        cells = " / ".join(f"{sec[k]:.0f}" if k in sec else "(reused)" for k in (*wm.STAGES, "evaluate"))
+        lines.append(f"| {label} | {summary['controller_env']} | {summary['mean']:.1f} +- {summary['std']:.1f} | "
+                     f"{cells} |")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/out/world_models"))

@@ -1,0 +1,193 @@
+"""algos/world_models.py end to end: the four stages (tiny preset), the fused
+program, dream training from another run's V and M, resuming each stage,
+the CLI, bad input, the CarRacing path."""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from algos import world_models as wm
+from common import checkpoint, cli, logger
+from conftest import ROOT, Killed
+
+
+def tiny(tmp_path, **overrides) -> wm.Args:
+    return dataclasses.replace(cli.preset_args(wm.Args, "world_models", "tiny"), run_root=str(tmp_path), **overrides)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    args = tiny(tmp_path_factory.mktemp("runs"))
+    return args, wm.main(args)
+
+
+def test_smoke_all_stages(tiny_run):
+    args, result = tiny_run
+    run_dir = Path(result["run_dir"])
+    assert result["chunk_traces"] == {"collect": 1, "vae": 1, "mdn": 1, "controller": 1}
+    metrics = {stage: logger.read_metrics(run_dir / stage) for stage in wm.STAGES}
+    assert len(metrics["collect"]["update"]) == 1 and len(metrics["vae"]["update"]) == args.vae_updates
+    assert len(metrics["mdn"]["update"]) == args.mdn_updates and len(metrics["controller"]["update"]) == args.generations
+    for stage, names in {"vae": ("vae_loss", "reconstruction_loss", "kl"), "mdn": ("z_nll", "done_loss", "reward_loss"),
+                         "controller": ("fitness_best", "sigma")}.items():
+        for name in names:
+            assert np.isfinite(metrics[stage][name]).all(), (stage, name)
+    assert 8 <= float(metrics["collect"]["random_episode_length"][0]) <= args.rollout_steps  # random CartPole
+    returns = np.asarray(result["returns"])
+    assert returns.shape == (1, args.eval_episodes) and (returns >= 1).all() and (returns <= 500).all()
+    saved = json.loads((run_dir / "eval.json").read_text())
+    assert set(saved["stage_seconds"]) == {*wm.STAGES, "evaluate"}
+    np.testing.assert_allclose(saved["mean"], returns.mean())
+
+
+def test_rollouts_keep_final_frames_and_mask_after_the_end(tiny_run):
+    args, result = tiny_run
+    data = result["outputs"]["collect"]
+    n, t = args.num_rollouts, args.rollout_steps
+    assert data.frames.shape == (1, n, t + 1, 16, 16, 1) and data.frames.dtype == jnp.uint8
+    valid, terminated = np.asarray(data.valid[0]), np.asarray(data.terminated[0])
+    lengths = valid.sum(1)
+    assert (valid == (np.arange(t) < lengths[:, None])).all()  # valid is a prefix: one episode per rollout
+    ended = lengths < t
+    assert terminated[ended, lengths[ended] - 1].all()  # an episode shorter than t terminated at its last step
+    assert terminated.sum() == terminated[np.arange(n), lengths - 1].sum()  # and nowhere else
+    np.testing.assert_array_equal(np.asarray(data.rewards[0]), valid.astype(np.float32))  # CartPole: 1 per step
+    assert np.asarray(data.actions[0]).sum(-1).max() == 1.0  # one-hot actions
+    frames = np.asarray(data.frames[0])
+    i = int(np.argmax(ended))
+    assert not np.array_equal(frames[i, lengths[i]], frames[i, 0])  # the final frame, not a fresh reset
+
+
+def test_dream_controller_from_another_runs_v_and_m(tiny_run, tmp_path):
+    args, result = tiny_run
+    dream_args = dataclasses.replace(args, run_root=str(tmp_path), stages=("controller",), controller_env="dream",
+                                     source_run=result["run_dir"])
+    dream = wm.main(dream_args)
+    run_dir = Path(dream["run_dir"])
+    assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == ["controller"]
+    assert dream["controller_env"] == "dream" and np.isfinite(dream["mean"])
+    fitness = logger.read_metrics(run_dir / "controller")["fitness_best"]
+    assert np.isfinite(fitness).all() and (np.abs(fitness) <= 3 * args.controller_max_steps).all()  # capped dreams
+
+
+def kill_after(monkeypatch, stage: str, update: int):
+    original = logger.Run.log
+
+    def log_then_die(self, updates, global_step, metrics):
+        original(self, updates, global_step, metrics)
+        if self.dir.name == stage and updates[-1] == update:
+            raise Killed()
+
+    monkeypatch.setattr(logger.Run, "log", log_then_die)
+    return original
+
+
+@pytest.mark.parametrize("stage", ["vae", "controller"])
+def test_killed_stage_resumes_exactly(tiny_run, tmp_path, monkeypatch, stage):
+    """Killed after logging update 2 of a stage, before its checkpoint (the last is at 1): --resume loads the
+    finished stages, continues this one from its checkpoint and ends with the
+    uninterrupted run's states. The vae case resumes V and reruns M and C; the
+    controller case loads collect, V and M as finished stages."""
+    args, full = tiny_run
+    original = kill_after(monkeypatch, stage, 2)
+    with pytest.raises(Killed):
+        wm.main(dataclasses.replace(args, run_root=str(tmp_path)))
+    monkeypatch.setattr(logger.Run, "log", original)
+    (run_dir,) = tmp_path.iterdir()
+    assert checkpoint.latest_update(run_dir / stage) == 1
+    resumed = wm.main(wm.Args(resume=str(run_dir)))
+    for name in wm.STAGES:
+        for a, b in zip(jax.tree.leaves(full["outputs"][name]), jax.tree.leaves(resumed["outputs"][name])):
+            if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+                a, b = jax.random.key_data(a), jax.random.key_data(b)
+            np.testing.assert_array_equal(a, b)
+    updates = logger.read_metrics(run_dir / stage)["update"]
+    assert sorted(updates) == list(range(1, getattr(wm.make_train(args), stage).num_updates + 1))
+    np.testing.assert_array_equal(full["returns"], resumed["returns"])
+
+
+def test_the_whole_pipeline_traces_as_one_program():
+    args = cli.preset_args(wm.Args, "world_models", "tiny")
+    params, controller, returns = jax.eval_shape(wm.make_train(args).train, jax.random.key(0))
+    assert returns.shape == (args.eval_episodes,)
+    assert controller.cma.mean.shape == (2 * (args.z_size + args.rnn_size) + 2,)
+
+
+def test_paper_sizes_trace():
+    # The paper's CarRacing V, M and C (shapes only): z 32, LSTM 256, 5 mixtures, C = 3 x (32 + 256) + 3 = 867.
+    args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "carracing-paper"), env_id="CartPole-v1")
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: wm.Models(args, 3, nnx.Rngs(0))))
+    run = lambda fn, *xs: jax.eval_shape(lambda s, *xs: fn(nnx.merge(graphdef, s), *xs), state, *xs)  # noqa: E731
+    z = jax.ShapeDtypeStruct((7, 32), jnp.float32)
+    mean, _ = run(lambda m, x: m.vae.encode(x), jax.ShapeDtypeStruct((7, 64, 64, 3), jnp.float32))
+    assert mean.shape == (7, 32) and run(lambda m: jnp.zeros(m.vae.flat)).shape == (1024,)  # the paper's 2 x 2 x 256
+    assert run(lambda m, z: m.vae.decode(z), z).shape == (7, 64, 64, 3)
+    carry = (jax.ShapeDtypeStruct((7, 256), jnp.float32),) * 2
+    _, out = run(lambda m, c, z, a: m.mdn.step(c, z, a), carry, z, jax.ShapeDtypeStruct((7, 3), jnp.float32))
+    assert out.logits.shape == (7, 32, 5)
+    assert 3 * (32 + 256) + 3 == 867
+
+
+def test_cli_runs_a_stage_alone(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "algos/world_models.py", "--preset", "tiny", "--stages", "collect", "--run-root", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    (run_dir,) = tmp_path.iterdir()
+    assert json.loads((run_dir / "args.json").read_text())["stages"] == ["collect"]
+    assert checkpoint.latest_update(run_dir / "collect") == 1 and not (run_dir / "vae").exists()
+    bad = subprocess.run(
+        [sys.executable, "algos/world_models.py", "--preset", "tiny", "--stages", "mdn", "--run-root", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert bad.returncode == 2 and "pass --source-run" in bad.stderr
+
+
+def test_bad_input_names_the_value_and_what_is_accepted(tmp_path):
+    with pytest.raises(ValueError, match="env_id 'Acrobot-v1' is not supported; accepted: Pendulum-v1, CartPole-v1, "
+                                         "CarRacing-v3"):
+        tiny(tmp_path, env_id="Acrobot-v1")
+    with pytest.raises(ValueError, match=r"stages \['vae', 'collect'\] must be distinct and in pipeline order"):
+        tiny(tmp_path, stages=("vae", "collect"))
+    with pytest.raises(ValueError, match=r"stages \['train'\] are not a non-empty subset of \['collect', 'vae'"):
+        tiny(tmp_path, stages=("train",))
+    with pytest.raises(ValueError, match="controller_env='dream' needs M's reward and done heads.*predict_done=False"):
+        tiny(tmp_path, controller_env="dream", predict_done=False)
+    with pytest.raises(ValueError, match="controller_env must be 'real' or 'dream', got 'sim'"):
+        tiny(tmp_path, controller_env="sim")
+    with pytest.raises(ValueError, match="image_size must be one of \\[16, 32, 64\\], got 48"):
+        tiny(tmp_path, image_size=48)
+    with pytest.raises(ValueError, match="mdn_batch_size=99 exceeds the 16 rollouts"):
+        tiny(tmp_path, mdn_batch_size=99)
+    with pytest.raises(ValueError, match="temperature must be > 0, got 0.0"):
+        tiny(tmp_path, temperature=0.0)
+    with pytest.raises(FileNotFoundError, match="stage 'collect' is needed but not in --stages.*no checkpoint"):
+        wm.main(tiny(tmp_path, stages=("controller",), source_run=str(tmp_path / "nowhere")))
+
+
+def test_carracing_without_box2d_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "Box2D", None)  # import Box2D now raises ImportError
+    args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "carracing-small"), run_root=str(tmp_path))
+    with pytest.raises(ValueError, match="env_id 'CarRacing-v3' needs gymnasium's box2d extra.*pip install box2d"):
+        wm.make_train(args)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
+                    reason="CarRacing-v3 needs box2d (pip install box2d pygame), not installed in this environment")
+def test_carracing_small_preset_runs_on_the_host(tmp_path):
+    args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "carracing-small"), run_root=str(tmp_path))
+    result = wm.main(args)
+    assert np.asarray(result["returns"]).shape == (1, 1) and np.isfinite(result["mean"])
+    assert result["outputs"]["collect"].frames.shape[-3:] == (16, 16, 3)

@@ -1,0 +1,147 @@
+"""algos/world_models.py math: MDN likelihood and sampling, VAE KL and free bits,
+CMA-ES on a sphere and a rotated ellipsoid, the controller's layout, the
+patch-based convolutions against lax."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from algos import world_models as wm
+
+
+def test_mdn_log_prob_matches_the_mixture_density_in_1d():
+    rng = np.random.default_rng(0)
+    logits, means, log_stds = rng.normal(size=(3, 4)), rng.normal(size=(3, 4)), rng.normal(scale=0.5, size=(3, 4))
+    targets = rng.normal(size=3)
+    got = wm.mdn_log_prob(jnp.asarray(targets)[:, None], *(jnp.asarray(a)[:, None] for a in (logits, means, log_stds)))
+    assert got.shape == (3, 1)
+    for i in range(3):  # p(x) = sum_k w_k N(x; mu_k, sigma_k^2), written out
+        weights = np.exp(logits[i]) / np.exp(logits[i]).sum()
+        sigma = np.exp(log_stds[i])
+        density = np.sum(weights * np.exp(-0.5 * ((targets[i] - means[i]) / sigma) ** 2) / (sigma * np.sqrt(2 * np.pi)))
+        np.testing.assert_allclose(got[i, 0], np.log(density), rtol=1e-5)
+
+
+def test_mdn_log_prob_is_per_dimension_and_stable_far_from_every_mode():
+    logits, means, log_stds = jnp.zeros((2, 5, 3)), jnp.zeros((2, 5, 3)), jnp.full((2, 5, 3), -3.0)
+    far = wm.mdn_log_prob(jnp.full((2, 5), 50.0), logits, means, log_stds)
+    assert far.shape == (2, 5) and np.isfinite(far).all()  # logsumexp: no log(0)
+    np.testing.assert_allclose(far, -0.5 * (50.0 / math.exp(-3.0)) ** 2 + 3.0 - 0.5 * math.log(2 * math.pi), rtol=1e-5)
+
+
+def test_sampling_at_temperature_to_zero_returns_the_most_likely_mode():
+    logits = jnp.array([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])  # [Z=2, K=3]
+    means = jnp.array([[-5.0, 1.5, 7.0], [4.0, -2.0, 0.0]])
+    log_stds = jnp.zeros((2, 3))
+    samples = jax.vmap(lambda k: wm.mdn_sample(k, logits, means, log_stds, 1e-6))(jax.random.split(jax.random.key(0),
+                                                                                                    64))
+    np.testing.assert_allclose(samples, np.broadcast_to([1.5, 4.0], (64, 2)), atol=1e-2)
+    # At tau = 1 the other components are drawn too, with their weights.
+    narrow = jnp.full((2, 3), -3.0)  # well-separated components: each sample is attributable
+    hot = jax.vmap(lambda k: wm.mdn_sample(k, logits, means, narrow, 1.0))(jax.random.split(jax.random.key(1), 4000))
+    weight = jax.nn.softmax(logits[1])[2]
+    assert abs(float((np.abs(hot[:, 1] - 0.0) < 1.0).mean()) - float(weight)) < 0.05
+
+
+def test_vae_kl_matches_the_closed_form_and_numerical_integration():
+    mean, log_var = jnp.array([0.0, 1.0, -0.7, 2.0]), jnp.array([0.0, -1.0, 0.5, 1.2])
+    kl = np.asarray(wm.gaussian_kl_to_standard(mean, log_var))
+    std = np.exp(0.5 * np.asarray(log_var))
+    np.testing.assert_allclose(kl, np.log(1.0 / std) + (std**2 + np.asarray(mean) ** 2) / 2 - 0.5, rtol=1e-6)
+    x = np.linspace(-30, 30, 400_001)
+    for m, s, k in zip(np.asarray(mean), std, kl):
+        q = np.exp(-0.5 * ((x - m) / s) ** 2) / (s * np.sqrt(2 * np.pi))
+        log_ratio = -0.5 * ((x - m) / s) ** 2 - np.log(s) + 0.5 * x**2
+        np.testing.assert_allclose(np.trapezoid(q * log_ratio, x), k, rtol=1e-4, atol=1e-7)
+    assert kl[0] == 0.0
+
+
+def test_vae_loss_floors_the_kl_at_free_bits():
+    vae = wm.VAE((16, 16, 1), 2, 3, nnx.Rngs(0))
+    frames = jax.random.uniform(jax.random.key(0), (4, 16, 16, 1))
+    graphdef, params = nnx.split(vae)
+
+    def loss(params, free_bits, kl_weight=2.0):
+        return wm.vae_loss(nnx.merge(graphdef, params), frames, jax.random.key(1), kl_weight, free_bits)
+
+    _, low = loss(params, 0.0)
+    value, high = loss(params, 1e3)
+    np.testing.assert_allclose(low["vae_loss"], low["reconstruction_loss"] + 2.0 * low["kl"], rtol=1e-5)
+    np.testing.assert_allclose(value, high["reconstruction_loss"] + 2.0 * 1e3 * 3, rtol=1e-5)
+    # Under the floor the KL gives the encoder's variance head no gradient: only reconstruction pulls.
+    grad_floor = jax.grad(lambda p: loss(p, 1e3)[0])(params)
+    grad_rec = jax.grad(lambda p: loss(p, 1e3, kl_weight=0.0)[0])(params)
+    for a, b in zip(jax.tree.leaves(grad_floor), jax.tree.leaves(grad_rec)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def run_cma(fitness, mean, sigma, population, generations, seed=0):
+    @jax.jit
+    def go(key):
+        def generation(state, key):
+            candidates = wm.cma_ask(state, key, population)
+            return wm.cma_tell(state, candidates, jax.vmap(fitness)(candidates)), None
+
+        return jax.lax.scan(generation, wm.cma_init(mean, sigma), jax.random.split(key, generations))[0]
+
+    return go(jax.random.key(seed))
+
+
+def test_cma_es_solves_a_10d_sphere():
+    sphere = lambda x: -jnp.sum(jnp.square(x))  # fitness is maximised
+    state = run_cma(sphere, jnp.full(10, 3.0), 1.0, 10, 250)
+    assert float(-sphere(state.mean)) < 1e-8
+    assert float(state.sigma) < 1e-3  # the step size shrank with the distance
+
+
+def test_cma_es_solves_a_rotated_ellipsoid():
+    n = 10
+    rotation, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(n, n)))
+    scales = jnp.asarray(10.0 ** (6.0 * np.arange(n) / (n - 1)))  # condition number 1e6
+    ellipsoid = lambda x: -jnp.sum(scales * jnp.square(jnp.asarray(rotation) @ x))
+    state = run_cma(ellipsoid, jnp.ones(n), 1.0, 10, 700)
+    assert float(-ellipsoid(state.mean)) < 1e-6
+    # The learned covariance lines up with the problem: its condition number is of the problem's order.
+    assert float(state.eigvals.max() / state.eigvals.min()) > 1e4
+
+
+def test_cma_weights_and_initial_distribution():
+    weights = np.asarray(wm.cma_weights(16))
+    assert weights.shape == (8,) and np.isclose(weights.sum(), 1.0) and (np.diff(weights) < 0).all()
+    state = wm.cma_init(jnp.zeros(5), 0.5)
+    samples = wm.cma_ask(state, jax.random.key(0), 20000)
+    np.testing.assert_allclose(np.std(samples, 0), 0.5, rtol=0.03)
+
+
+def test_controller_action_is_w_times_z_h_plus_b():
+    z, h, action_size = jnp.arange(3.0), jnp.arange(4.0) - 2.0, 2
+    weights = np.arange(14.0).reshape(2, 7) / 10
+    bias = np.array([0.5, -0.5])
+    theta = jnp.asarray(np.concatenate([weights.ravel(), bias]))
+    np.testing.assert_allclose(wm.controller_action(theta, z, h, action_size),
+                               weights @ np.concatenate([z, h]) + bias, rtol=1e-6)
+    batched = wm.controller_action(jnp.stack([theta, 2 * theta]), jnp.stack([z, z]), jnp.stack([h, h]), action_size)
+    np.testing.assert_allclose(batched[1], 2 * (weights @ np.concatenate([z, h]) + bias), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kernel_size", [4, 5, 6])
+def test_patch_convolutions_match_lax(kernel_size):
+    x = jax.random.normal(jax.random.key(0), (2, 13, 13, 3))
+    conv = wm.StridedConv(3, 5, kernel_size, nnx.Rngs(0))
+    expected = jax.lax.conv_general_dilated(x, conv.kernel[...], (2, 2), "VALID",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC")) + conv.bias[...]
+    np.testing.assert_allclose(conv(x), expected, atol=1e-4)
+    small = x[:, :4, :4]
+    deconv = wm.StridedConvTranspose(3, 5, kernel_size, nnx.Rngs(1))
+    # out[2i + a, 2j + b] += x[i, j] @ kernel[a, b], as a slow reference loop
+    reference = np.zeros((2, 2 * 3 + kernel_size, 2 * 3 + kernel_size, 5))
+    k = np.asarray(deconv.kernel[...])
+    for i in range(4):
+        for j in range(4):
+            reference[:, 2 * i : 2 * i + kernel_size, 2 * j : 2 * j + kernel_size] += np.einsum(
+                "bc,hwco->bhwo", np.asarray(small[:, i, j]), k)
+    np.testing.assert_allclose(deconv(small), reference + np.asarray(deconv.bias[...]), atol=1e-4)
