@@ -51,6 +51,18 @@ def forward_fill(y: np.ndarray) -> np.ndarray:
     return y
 
 
+def trailing_mean(y: np.ndarray, window: int) -> np.ndarray:
+    """Mean of the last `window` finite values up to each point (fewer at the start;
+    NaN where none is finite). No padding, so a flat curve stays flat at both ends."""
+    finite = np.isfinite(y)
+    total = np.concatenate([[0.0], np.cumsum(np.where(finite, y, 0.0))])
+    count = np.concatenate([[0], np.cumsum(finite)])
+    start = np.maximum(np.arange(1, len(y) + 1) - window, 0)
+    n = count[1:] - count[start]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, (total[1:] - total[start]) / n, np.nan)
+
+
 def mean_and_ci(curves: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Mean over seeds and the half-width of a normal 95% confidence interval."""
     stacked = np.stack(curves)
@@ -84,8 +96,7 @@ def plot_runs(
         steps = runs[0][0]
         curves = [np.interp(steps, x, c) for x, cs in runs for c in cs]
         if smooth > 1:
-            kernel = np.ones(smooth) / smooth
-            curves = [np.convolve(np.nan_to_num(c, nan=np.nanmin(c)), kernel, mode="same") for c in curves]
+            curves = [trailing_mean(c, smooth) for c in curves]
         mean, half_width = mean_and_ci(curves)
         ax.plot(steps, mean, label=f"{label} ({len(curves)} seeds)")
         ax.fill_between(steps, mean - half_width, mean + half_width, alpha=0.25)

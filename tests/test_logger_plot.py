@@ -66,3 +66,10 @@ def test_plot_rejects_unknown_metric(tmp_path):
     run.close()
     with pytest.raises(ValueError, match="no column 'nope'"):
         plot.seed_curves(run.dir, "nope")
+
+
+def test_trailing_mean_has_no_edge_dip_and_skips_nans():
+    flat = np.full(10, 200.0)
+    np.testing.assert_allclose(plot.trailing_mean(flat, 5), flat)  # "same"-mode convolution dipped to 120 at the ends
+    y = np.array([np.nan, 1.0, 3.0, np.nan, 5.0])
+    np.testing.assert_allclose(plot.trailing_mean(y, 2), [np.nan, 1.0, 2.0, 3.0, 5.0])
