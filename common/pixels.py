@@ -104,19 +104,21 @@ def render_cartpole(obs: jax.Array, size: int = 64, grayscale: bool = False) -> 
     """gymnax CartPole-v1 observation [x, x_dot, theta, theta_dot] -> image.
 
     The track's [-2.4, 2.4] (the termination bounds) spans the image width; a
-    dark cart on a grey track line at 3/4 of the height, a tan pole hinged on
-    its top, theta = 0 upright and positive to the right, as in gym's
-    rendering. The pole is drawn 0.45 * size long and 0.05 * size thick
-    (longer and thicker than gym's proportions) so that the angles that matter,
-    within the 12 degree termination bound, move its tip by a few pixels at
-    64 x 64. Velocities are not drawn: they must be inferred from consecutive
-    frames.
+    dark cart on a grey track line at 3/4 of the height, a brown pole hinged
+    on its top, theta = 0 upright and positive to the right, as in gym's
+    rendering. The pole is drawn 0.55 * size long and about 0.07 * size thick,
+    darker than gym's tan (longer, thicker and of more contrast than gym's
+    proportions): the angles that matter, within the 12 degree termination
+    bound, move its tip by a few pixels at 64 x 64, and a VAE trained on
+    squared error encodes the angle much better when the pole weighs more in
+    the image (docs/world_models.md). Velocities are not drawn: they must be
+    inferred from consecutive frames.
     """
     x, y = pixel_grid(size)
     cart_x = size / 2.0 + obs[0] * size / 4.8
     track_y = 0.75 * size
     cart_half_width, cart_half_height = 0.09 * size, 0.05 * size
-    pole_length, theta = 0.45 * size, obs[2]
+    pole_length, theta = 0.55 * size, obs[2]
     hinge_y = track_y - cart_half_height
     tip_x, tip_y = cart_x + pole_length * jnp.sin(theta), hinge_y - pole_length * jnp.cos(theta)
     image = jnp.ones((size, size, 3), jnp.float32)
@@ -124,8 +126,8 @@ def render_cartpole(obs: jax.Array, size: int = 64, grayscale: bool = False) -> 
     image = paint(image, track, (0.5, 0.5, 0.5))
     cart = coverage(box_distance(x, y, cart_x, track_y, cart_half_width, cart_half_height))
     image = paint(image, cart, (0.1, 0.1, 0.1))
-    pole = coverage(capsule_distance(x, y, cart_x, hinge_y, tip_x, tip_y, 0.025 * size + 0.5))
-    image = paint(image, pole, (0.8, 0.6, 0.4))
+    pole = coverage(capsule_distance(x, y, cart_x, hinge_y, tip_x, tip_y, 0.035 * size + 0.5))
+    image = paint(image, pole, (0.7, 0.4, 0.15))
     image = paint(image, coverage(disk_distance(x, y, cart_x, hinge_y, 0.02 * size + 0.5)), (0.5, 0.5, 0.8))
     return to_grayscale(image) if grayscale else image
 
