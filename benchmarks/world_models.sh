@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every World Models number and image in docs/world_models.md comes from this script.
-#   bash benchmarks/world_models.sh [real|dream|figures|carracing|all]
+#   bash benchmarks/world_models.sh [real|dream|dream-sweep|figures|carracing|all]
 # real: the pixel-cartpole preset, all four stages, C evolved in the real env.
 # dream: C evolved inside the real run's M (pixel-cartpole-dream preset, V and M
 #   loaded from the real run with --source-run), evaluated in the real env.
+# dream-sweep: the same at temperatures 0.5, 1.0, 1.15 (the paper's best) and 1.5.
 # figures: reconstructions, dream rollouts, CMA-ES curves and the results table
 #   (benchmarks/world_models_figures.py -> docs/img/world_models_*.png,
 #   benchmarks/out/world_models/summary.md).
@@ -25,6 +26,15 @@ if [[ $what == dream || $what == all ]]; then
   real_run=$(ls -d "$OUT"/real/*/ | head -1)
   $PY algos/world_models.py --preset pixel-cartpole-dream --stages controller --source-run "$real_run" \
     --run-root "$OUT/dream"
+fi
+if [[ $what == dream-sweep || $what == all ]]; then
+  # The paper's temperature study (its VizDoom table): C evolved in dreams at several tau, each evaluated for real.
+  real_run=$(ls -d "$OUT"/real/*/ | head -1)
+  for tau in 0.5 1.0 1.15 1.5; do
+    rm -rf "$OUT/dream-tau-$tau"
+    $PY algos/world_models.py --preset pixel-cartpole-dream --stages controller --source-run "$real_run" \
+      --temperature "$tau" --exp-name "wm-dream-tau-$tau" --run-root "$OUT/dream-tau-$tau"
+  done
 fi
 if [[ $what == figures || $what == all ]]; then
   $PY benchmarks/world_models_figures.py "$OUT"

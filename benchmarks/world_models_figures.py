@@ -61,15 +61,16 @@ def reconstructions(world_models, outputs, path, count=8):
 
 
 def dreams(world_models, args, outputs, theta, path, steps=24, every=2):
-    """Top: a real episode of the controller (frames as V sees them); below:
-    dreams from the same first frame at two temperatures, each z decoded by V."""
+    """Dreams from one real first frame at two temperatures under C, and under
+    C = 0 (a constant action), each z decoded by V."""
     data, params = first_seed(outputs["collect"]), first_seed(outputs["mdn"]).params
     first = data.frames[3, 0]
     z0, _ = world_models.encode(params, first[None])
     rows = {}
-    for tau in (0.5, args.temperature):
-        dream = world_models.dream(params, theta, z0[0], jax.random.key(1), steps, tau)
-        rows[f"dream, tau {tau}"] = (world_models.merge(params).vae.decode(dream[0]), np.asarray(dream[1]))
+    for label, controller, tau in (("C, tau 0.5", theta, 0.5), (f"C, tau {args.temperature}", theta, args.temperature),
+                                   ("C = 0, tau 1.0", jnp.zeros_like(theta), 1.0)):
+        dream = world_models.dream(params, controller, z0[0], jax.random.key(1), steps, tau)
+        rows[label] = (world_models.merge(params).vae.decode(dream[0]), np.asarray(dream[1]))
     fig, axes = plt.subplots(len(rows), steps // every + 1, figsize=(0.9 * (steps // every + 1), 1.2 * len(rows) + 0.5))
     for r, (label, (frames, done)) in enumerate(rows.items()):
         for c, t in enumerate(range(0, steps + 1, every)):
@@ -79,8 +80,8 @@ def dreams(world_models, args, outputs, theta, path, steps=24, every=2):
                 for side in axes[r, c].spines.values():
                     side.set_color("red")
         axes[r, 0].set_ylabel(label, fontsize=8)
-    fig.suptitle("Dreams: M's sampled z sequence under the real-trained controller, decoded by V "
-                 "(red frame: M's done head has fired)", fontsize=9)
+    fig.suptitle("Dreams from a real first frame, decoded by V: under the real-trained C, and under C = 0 (always "
+                 "action 0: pushes left, the pole falls right). Red frame: M's done head has fired", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -139,7 +140,8 @@ def main(out: Path):
     dreams(world_models, args, outputs, theta, IMG / "world_models_dreams.png")
     runs = {"C evolved in the real env (fitness: real returns)": real_dir}
     if dream_dir is not None:
-        runs["C evolved in M's dream, tau 1.15 (fitness: dreamed returns)"] = dream_dir
+        tau = json.loads((dream_dir / "args.json").read_text())["temperature"]
+        runs[f"C evolved in M's dream, tau {tau} (fitness: dreamed returns)"] = dream_dir
     cma_curves(runs, IMG / "world_models_cmaes.png")
     losses(real_dir, IMG / "world_models_losses.png")
 
@@ -152,16 +154,20 @@ def main(out: Path):
         lines.append(f"real run, whole process: wall {wall.group(1) if wall else '?'}, "
                      f"max RSS {int(rss.group(1)) / 1e6:.2f} GB" if rss else "")
         lines.append("")
-    lines += ["| run | controller trained in | eval return over 100 real episodes (mean +- std) | "
-              "seconds: collect / V / M / C / eval |", "| --- | --- | --- | --- |"]
-    for label, run_dir in (("pixel-cartpole", real_dir), ("pixel-cartpole-dream", dream_dir)):
+    lines += ["| run | controller trained in | return over 100 real episodes (mean +- std) | last generation mean fitness | "
+              "seconds: collect / V / M / C / eval |", "| --- | --- | --- | --- | --- |"]
+    rows = [("pixel-cartpole", real_dir), ("pixel-cartpole-dream (tau 2.0)", dream_dir)]
+    for sweep in sorted(out.glob("dream-tau-*")):
+        rows.append((f"pixel-cartpole-dream, tau {sweep.name.removeprefix('dream-tau-')}", next(sweep.iterdir())))
+    for label, run_dir in rows:
         if run_dir is None:
             continue
         summary = json.loads((run_dir / "eval.json").read_text())
         sec = summary["stage_seconds"]
         cells = " / ".join(f"{sec[k]:.0f}" if k in sec else "(reused)" for k in (*wm.STAGES, "evaluate"))
+        fitness = logger.read_metrics(run_dir / "controller")["episode_return"][-1]
         lines.append(f"| {label} | {summary['controller_env']} | {summary['mean']:.1f} +- {summary['std']:.1f} | "
-                     f"{cells} |")
+                     f"{fitness:.1f} | {cells} |")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
