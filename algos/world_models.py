@@ -143,6 +143,8 @@ class Args:
     """tau of M's sampling in the dream: mixture logits / tau, stds * sqrt(tau) (the paper: 1.15)"""
     controller_max_steps: int = 0
     """longest scored episode, real or dreamed; 0: the env's time limit"""
+    fast_compile: bool = False
+    """compile every program without LLVM optimisation: about half the compile time, slower code (tiny runs, tests)"""
 
     def __post_init__(self):
         positive = ("num_seeds", "total_timesteps", "log_every", "checkpoint_every", "eval_episodes", "rollout_steps",
@@ -567,6 +569,7 @@ class WorldModels(NamedTuple):
     graphdef: Any
     spec: envs.EnvSpec
     num_params: int  # P, the controller's parameter count
+    compiler_options: dict | None  # for every jax.jit of the host loop (Args.fast_compile)
 
 
 def make_train(args: Args) -> WorldModels:
@@ -879,6 +882,7 @@ def make_train(args: Args) -> WorldModels:
                          stage_steps["controller"], host=host_controller),
         encode=encode, encode_rollouts=encode_rollouts, rollouts_shape=rollouts_shape, initial_latents=initial_latents, real_returns=real_returns, dream_returns=dream_returns,
         dream=dream, merge=merge, evaluate=evaluate, train=train, graphdef=graphdef, spec=spec, num_params=num_params,
+        compiler_options=runner.RUN_ONCE if args.fast_compile else None,
     )
 
 
@@ -979,9 +983,9 @@ def stage_inputs(name: str, outputs: dict, wm: WorldModels):
         return data
     if name == "mdn":
         params = outputs["vae"].params
-        return data, params, jax.jit(jax.vmap(wm.encode_rollouts))(params, data)
+        return data, params, jax.jit(jax.vmap(wm.encode_rollouts), compiler_options=wm.compiler_options)(params, data)
     params = outputs["mdn"].params
-    return params, jax.jit(jax.vmap(wm.initial_latents))(params, data)
+    return params, jax.jit(jax.vmap(wm.initial_latents), compiler_options=wm.compiler_options)(params, data)
 
 
 def abstract_stage_state(name: str, stage: Stage, seeds: np.ndarray, inputs, wm: WorldModels):
@@ -1034,7 +1038,8 @@ def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seed
             scan, _ = runner.make_chunk(lambda s: stage.update(s, inputs), stage.num_updates, args.log_every)
             return scan(state, first_update)
 
-        run_chunk = jax.jit(runner.over_seeds(chunk, args.num_seeds, (0, None, 0)), donate_argnums=0)
+        run_chunk = jax.jit(runner.over_seeds(chunk, args.num_seeds, (0, None, 0)), donate_argnums=0,
+                            compiler_options=wm.compiler_options)
     last_checkpoint = done = updates_done or 0
     clock = time.perf_counter()
     while done < stage.num_updates:
@@ -1125,7 +1130,7 @@ def main(args: Args) -> dict:
             returns = np.stack([np.asarray(wm.evaluate(jax.tree.map(lambda x: x[j], params), mean[j], keys[j]))
                                 for j in range(args.num_seeds)])
         else:
-            returns = np.asarray(jax.jit(jax.vmap(wm.evaluate))(params, mean, keys))
+            returns = np.asarray(jax.jit(jax.vmap(wm.evaluate), compiler_options=wm.compiler_options)(params, mean, keys))
         seconds["evaluate"] = time.perf_counter() - start
         summary.update(returns=returns, mean=float(returns.mean()), std=float(returns.std()),
                        per_seed=[[float(r.mean()), float(r.std())] for r in returns],

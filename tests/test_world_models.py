@@ -92,13 +92,13 @@ def kill_after(monkeypatch, stage: str, update: int):
     return original
 
 
-@pytest.mark.parametrize("stage", ["vae", "controller"])
-def test_killed_stage_resumes_exactly(tiny_run, tmp_path, monkeypatch, stage):
-    """Killed after logging update 2 of a stage, before its checkpoint (the last is at 1): --resume loads the
-    finished stages, continues this one from its checkpoint and ends with the
-    uninterrupted run's states. The vae case resumes V and reruns M and C; the
-    controller case loads collect, V and M as finished stages."""
+def test_killed_run_resumes_every_stage_exactly(tiny_run, tmp_path, monkeypatch):
+    """Killed after logging generation 2 of C, before its checkpoint (the last
+    is at 1): --resume restores the final checkpoints of collect, V and M and
+    C's checkpoint at generation 1, continues C, and ends with the
+    uninterrupted run's states and evaluation, bit for bit."""
     args, full = tiny_run
+    stage = "controller"
     original = kill_after(monkeypatch, stage, 2)
     with pytest.raises(Killed):
         wm.main(dataclasses.replace(args, run_root=str(tmp_path)))
@@ -148,11 +148,6 @@ def test_cli_runs_a_stage_alone(tmp_path):
     (run_dir,) = tmp_path.iterdir()
     assert json.loads((run_dir / "args.json").read_text())["stages"] == ["collect"]
     assert checkpoint.latest_update(run_dir / "collect") == 1 and not (run_dir / "vae").exists()
-    bad = subprocess.run(
-        [sys.executable, "algos/world_models.py", "--preset", "tiny", "--stages", "mdn", "--run-root", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert bad.returncode == 2 and "pass --source-run" in bad.stderr
 
 
 def test_bad_input_names_the_value_and_what_is_accepted(tmp_path):
@@ -173,6 +168,8 @@ def test_bad_input_names_the_value_and_what_is_accepted(tmp_path):
         tiny(tmp_path, mdn_batch_size=99)
     with pytest.raises(ValueError, match="temperature must be > 0, got 0.0"):
         tiny(tmp_path, temperature=0.0)
+    with pytest.raises(ValueError, match=r"stages \['mdn'\] start after 'collect': pass --source-run RUN_DIR"):
+        wm.main(tiny(tmp_path, stages=("mdn",)))
     with pytest.raises(FileNotFoundError, match="stage 'collect' is needed but not in --stages.*no checkpoint"):
         wm.main(tiny(tmp_path, stages=("controller",), source_run=str(tmp_path / "nowhere")))
 
