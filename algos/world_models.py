@@ -830,9 +830,10 @@ def make_train(args: Args) -> WorldModels:
                      "best_ever": new.best_fitness, "sigma": cma.sigma, "mean_norm": jnp.linalg.norm(cma.mean)}
 
     def evaluate(params, theta, key):
-        """The controller theta [P] over `eval_episodes` real episodes -> returns [eval_episodes]."""
+        """The controller theta [P] over `eval_episodes` real episodes (capped, as the scored ones, at
+        controller_max_steps; 0: the env's limit) -> returns [eval_episodes]."""
         thetas = jnp.broadcast_to(theta, (args.eval_episodes, num_params))
-        return real_returns(params, thetas, key, spec.max_episode_steps)
+        return real_returns(params, thetas, key, max_steps)
 
     def train(key):
         """Every stage in one program (vmappable over keys): returns V and M's
@@ -865,8 +866,7 @@ def make_train(args: Args) -> WorldModels:
             return real(params, thetas, key, max_steps).reshape(args.population, args.trials).mean(1)
 
         def evaluate(params, theta, key):  # noqa: F811
-            return real(params, jnp.broadcast_to(theta, (args.eval_episodes, num_params)), key,
-                        spec.max_episode_steps)
+            return real(params, jnp.broadcast_to(theta, (args.eval_episodes, num_params)), key, max_steps)
 
         real_returns = real  # noqa: F811
     host_controller = host and args.controller_env == "real"
