@@ -188,3 +188,12 @@ def test_carracing_small_preset_runs_on_the_host(tmp_path):
     result = wm.main(args)
     assert np.asarray(result["returns"]).shape == (1, 1) and np.isfinite(result["mean"])
     assert result["outputs"]["collect"].frames.shape[-3:] == (16, 16, 3)
+
+
+def test_every_preset_is_valid():
+    presets = cli.presets("world_models")
+    assert {"pixel-cartpole", "pixel-cartpole-dream", "seed-notebook", "carracing-paper", "tiny"} <= set(presets)
+    for name in presets:
+        args = cli.preset_args(wm.Args, "world_models", name)  # validation in Args.__post_init__
+        if args.env_id not in wm.HOST_ENVS:
+            assert wm.make_train(args).num_params == 2 * (args.z_size + args.rnn_size) + 2, name
