@@ -908,7 +908,7 @@ class CarRacingHost:
         except ImportError as error:
             raise ValueError(
                 f"env_id {args.env_id!r} needs gymnasium's box2d extra, which is not installed ({error}); "
-                "install it with `pip install box2d pygame` (a manylinux wheel exists for CPython 3.11), "
+                "install it with `pip install -e '.[carracing]'` (box2d and pygame), "
                 f"or use a pure-JAX pixel env: {', '.join(pixels.RENDERERS)}") from None
         self.args = args
         self.spec = envs.EnvSpec(obs_shape=args.image_shape, discrete=False, num_actions=3,

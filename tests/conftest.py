@@ -6,6 +6,16 @@ from pathlib import Path
 
 import pytest
 
+# The tests run tiny programs, whose cost is compiling them, not running them:
+# XLA's backend optimisation passes off and the older CPU code generator roughly
+# halve the suite's time (tests/test_unizero_ppo.py: 240-268 s -> 125-172 s,
+# measured interleaved). Set before JAX creates its backend; subprocesses and the
+# notebook kernels inherit it. Results are unchanged in kind: every comparison in
+# the tests is between programs compiled the same way.
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"]
+).strip()
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests run from a clone even before `pip install -e .`
 
