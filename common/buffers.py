@@ -119,7 +119,13 @@ def sample(
         weights = jnp.where(valid, buffer.priority ** priority_exponent, 0.0)
         cumulative = jnp.cumsum(weights.reshape(-1))
         total = cumulative[-1]
-        flat = jnp.clip(jnp.searchsorted(cumulative, strata * total, side="right"), 0, weights.size - 1)
+        # strata * total can round up to total in float32, and a float32 prefix sum
+        # need not be exactly flat over zero weights: either could pick an invalid
+        # start, whose probability 0 makes an infinite importance weight and a NaN
+        # loss. Stay below total, and send any zero-weight pick to the heaviest start.
+        point = jnp.minimum(strata * total, jnp.nextafter(total, jnp.zeros_like(total)))
+        flat = jnp.clip(jnp.searchsorted(cumulative, point, side="right"), 0, weights.size - 1)
+        flat = jnp.where(weights.reshape(-1)[flat] > 0, flat, jnp.argmax(weights.reshape(-1)))
         rows, envs = flat // buffer.num_envs, flat % buffer.num_envs
         probability, num_valid = weights[rows, envs] / total, valid.sum()
     offsets = jnp.arange(length)

@@ -65,6 +65,19 @@ def test_prioritized_sampling_is_proportional_to_priority_power_alpha():
     np.testing.assert_allclose(sample.probability, expected[np.asarray(sample.rows)], rtol=1e-5)
 
 
+def test_prioritized_sampling_never_draws_an_invalid_start(monkeypatch):
+    """A stratum at the very top of [0, 1) times the total mass rounds to the total
+    in float32; the draw must still be a valid start with a positive probability
+    (an invalid last start with probability 0 made an infinite importance weight)."""
+    buffer = filled(4, rows=6, num_envs=2)  # rows 3.. are not written: the last flat starts are invalid
+    buffer = buffers.set_priorities(buffer, jnp.arange(2), jnp.zeros(2, jnp.int32), jnp.array([0.3, 0.7]))
+    monkeypatch.setattr(jax.random, "uniform", lambda key, shape: jnp.full(shape, 1.0 - 2.0**-24))
+    sample = buffers.sample(buffer, jax.random.key(0), 4, length=2, priority_exponent=0.5)
+    valid = np.asarray(buffers.valid_starts(buffer, 2))
+    assert valid[np.asarray(sample.rows)].all()
+    assert (np.asarray(sample.probability) > 0).all()
+
+
 def test_new_rows_get_the_largest_priority_seen():
     buffer = filled(2, rows=4, num_envs=1)
     buffer = buffers.set_priorities(buffer, jnp.array([0]), jnp.array([0]), jnp.array([7.0]))
