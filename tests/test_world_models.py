@@ -177,12 +177,12 @@ def test_bad_input_names_the_value_and_what_is_accepted(tmp_path):
 def test_carracing_without_box2d_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "Box2D", None)  # import Box2D now raises ImportError
     args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "carracing-small"), run_root=str(tmp_path))
-    with pytest.raises(ValueError, match="env_id 'CarRacing-v3' needs gymnasium's box2d extra.*pip install box2d"):
+    with pytest.raises(ValueError, match=r"env_id 'CarRacing-v3' needs gymnasium's box2d extra.*pip install -e '\.\[carracing\]'"):
         wm.make_train(args)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
-                    reason="CarRacing-v3 needs box2d (pip install box2d pygame), not installed in this environment")
+                    reason="CarRacing-v3 needs box2d (pip install -e '.[carracing]'), not installed in this environment")
 def test_carracing_small_preset_runs_on_the_host(tmp_path):
     args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "carracing-small"), run_root=str(tmp_path))
     result = wm.main(args)
