@@ -41,7 +41,7 @@ if [[ $what == cartpole || $what == all ]]; then
   $PY algos/unizero_ppo.py --preset cartpole --num-seeds "$SEEDS" --run-root "$OUT/cartpole" --eval-search 16
   $PY algos/ppo.py --preset cartpole --total-timesteps 100000 --num-seeds "$SEEDS" --run-root "$OUT/ppo-cartpole" \
     --exp-name ppo
-  $PY -m common.plot $OUT/cartpole/* $OUT/ppo-cartpole/* --labels UniZero-PPO PPO \
+  $PY -m common.plot $OUT/cartpole/* $OUT/ppo-cartpole/* --labels "UniZero-PPO (cartpole preset)" PPO --smooth 3 \
     --out docs/img/unizero_ppo_vs_ppo_cartpole.png --title "CartPole-v1, $SEEDS seeds: UniZero-PPO vs PPO at equal env steps"
 fi
 if [[ $what == breakout || $what == all ]]; then
