@@ -43,6 +43,7 @@ import optax
 from flax import nnx, struct
 
 from common import checkpoint, cli, envs, logger, pixels, runner
+from common.layers import StridedConv, StridedConvTranspose
 
 STAGES = ("collect", "vae", "mdn", "controller")
 HOST_ENVS = ("CarRacing-v3",)  # gymnasium envs stepped on the host (box2d)
@@ -198,53 +199,6 @@ class Args:
 # 5, 6, 6 (the paper's), 1 -> 5 -> 14 -> 32, 1 -> 6 -> 16.
 DECODER_KERNELS = {16: (6, 6), 32: (5, 6, 6), 64: (5, 5, 6, 6)}
 VAE_PART = nnx.PathContains("vae")  # the filter that splits V's parameters from M's
-
-
-class StridedConv(nnx.Module):
-    """[..., H, W, C_in] -> [..., (H - k) // 2 + 1, (W - k) // 2 + 1, C_out]:
-    a stride-2 k x k convolution without padding, as patches @ kernel (the k^2
-    strided views side by side, one matmul). Same function as `lax.conv`; XLA:CPU
-    computes its kernel gradient several times faster inside `lax.scan`
-    (algos/planet.py measured it)."""
-
-    def __init__(self, c_in: int, c_out: int, kernel_size: int, rngs: nnx.Rngs):
-        self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (kernel_size, kernel_size, c_in, c_out)))
-        self.bias = nnx.Param(jnp.zeros((c_out,)))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        k, _, c_in, c_out = self.kernel.shape
-        out_h, out_w = (x.shape[-3] - k) // 2 + 1, (x.shape[-2] - k) // 2 + 1
-        patches = jnp.concatenate([x[..., i : i + 2 * out_h - 1 : 2, j : j + 2 * out_w - 1 : 2, :]
-                                   for i in range(k) for j in range(k)], axis=-1)  # [..., out_h, out_w, k*k*C_in]
-        return patches @ self.kernel[...].reshape(k * k * c_in, c_out) + self.bias[...]
-
-
-class StridedConvTranspose(nnx.Module):
-    """[..., h, w, C_in] -> [..., 2(h - 1) + k, 2(w - 1) + k, C_out]: the
-    transposed stride-2 k x k convolution, out[2i + a, 2j + b] += x[i, j] @
-    kernel[a, b], in its sub-pixel form: output pixels of parity (q, r) are a
-    stride-1 convolution of the zero-padded input with the taps (2p + q, 2s + r),
-    so the four parities are one patches @ kernel matmul and an interleave."""
-
-    def __init__(self, c_in: int, c_out: int, kernel_size: int, rngs: nnx.Rngs):
-        self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (kernel_size, kernel_size, c_in, c_out)))
-        self.bias = nnx.Param(jnp.zeros((c_out,)))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        k, _, c_in, c_out = self.kernel.shape
-        *lead, h, w, _ = x.shape
-        half = (k + 1) // 2  # taps per parity along one axis
-        m, n = h + half - 1, w + half - 1
-        padded = jnp.pad(x, [(0, 0)] * len(lead) + [(half - 1, half - 1), (half - 1, half - 1), (0, 0)])
-        patches = jnp.concatenate([padded[..., u : u + m, v : v + n, :] for u in range(half) for v in range(half)],
-                                  axis=-1)  # [..., m, n, half * half * C_in]
-        # Tap (2p + q, 2s + r) (zero beyond k) meets view (u, v) = (half - 1 - p, half - 1 - s) at parity (q, r).
-        kernel = jnp.pad(self.kernel[...], [(0, 2 * half - k), (0, 2 * half - k), (0, 0), (0, 0)])
-        kernel = kernel.reshape(half, 2, half, 2, c_in, c_out)[::-1, :, ::-1]  # [u, q, v, r, C_in, C_out]
-        kernel = kernel.transpose(0, 2, 4, 1, 3, 5).reshape(half * half * c_in, 4 * c_out)
-        out = (patches @ kernel).reshape(*lead, m, n, 2, 2, c_out)
-        out = jnp.moveaxis(out, -3, -4).reshape(*lead, 2 * m, 2 * n, c_out)  # row 2i + q, column 2j + r
-        return out[..., : 2 * (h - 1) + k, : 2 * (w - 1) + k, :] + self.bias[...]
 
 
 class VAE(nnx.Module):
