@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Every World Models number and image in docs/world_models.md comes from this script.
-#   bash benchmarks/world_models.sh [real|dream|dream-sweep|figures|carracing|all]
+#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|figures|carracing|all]
 # real: the pixel-cartpole preset, all four stages, C evolved in the real env.
 # dream: C evolved inside the real run's M (pixel-cartpole-dream preset, V and M
 #   loaded from the real run with --source-run), evaluated in the real env.
 # dream-sweep: the same at temperatures 0.5, 1.0, 1.15 (the paper's best) and 1.5.
+# seeds: real and dream (tau 2.0) again over SEEDS seeds (default 4, seeds 0..SEEDS-1,
+#   vmapped in one process), each seed with its own V, M and C.
 # figures: reconstructions, dream rollouts, CMA-ES curves and the results table
 #   (benchmarks/world_models_figures.py -> docs/img/world_models_*.png,
 #   benchmarks/out/world_models/summary.md).
@@ -35,6 +37,15 @@ if [[ $what == dream-sweep || $what == all ]]; then
     $PY algos/world_models.py --preset pixel-cartpole-dream --stages controller --source-run "$real_run" \
       --temperature "$tau" --exp-name "wm-dream-tau-$tau" --run-root "$OUT/dream-tau-$tau"
   done
+fi
+if [[ $what == seeds || $what == all ]]; then
+  seeds=${SEEDS:-4}
+  rm -rf "$OUT/real-seeds" "$OUT/dream-seeds"
+  /usr/bin/time -v $PY algos/world_models.py --preset pixel-cartpole --num-seeds "$seeds" --exp-name wm-seeds \
+    --run-root "$OUT/real-seeds" 2> "$OUT/real-seeds.time" || { tail -20 "$OUT/real-seeds.time"; exit 1; }
+  real_run=$(ls -d "$OUT"/real-seeds/*/ | head -1)
+  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --stages controller \
+    --source-run "$real_run" --exp-name wm-dream-seeds --run-root "$OUT/dream-seeds"
 fi
 if [[ $what == figures || $what == all ]]; then
   $PY benchmarks/world_models_figures.py "$OUT"

@@ -104,6 +104,40 @@ def cma_curves(runs: dict[str, Path], path):
     plt.close(fig)
 
 
+def seed_curves(runs: dict[str, Path], path):
+    """CMA-ES population-mean fitness per generation, one line per seed, for
+    multi-seed runs (the `seeds` part of benchmarks/world_models.sh)."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 3.4), squeeze=False)
+    for ax, (label, run_dir) in zip(axes[0], runs.items()):
+        m = logger.read_metrics(run_dir / "controller")
+        per_seed = json.loads((run_dir / "eval.json").read_text())["per_seed"]
+        for index in np.unique(m["seed_index"]).astype(int):
+            rows = m["seed_index"] == index
+            ax.plot(m["update"][rows], m["episode_return"][rows],
+                    label=f"seed {int(m['seed'][rows][0])}: real eval {per_seed[index][0]:.1f}")
+        ax.set_xlabel("CMA-ES generation")
+        ax.set_ylabel("population mean fitness")
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def seeds_table(runs: dict[str, Path]) -> list[str]:
+    lines = ["| run | seeds | return over 100 real episodes per seed (mean +- std) | mean over seeds +- std of seed means | "
+             "seconds: collect / V / M / C / eval (all seeds) |", "| --- | --- | --- | --- | --- |"]
+    for label, run_dir in runs.items():
+        summary = json.loads((run_dir / "eval.json").read_text())
+        means = np.array([mean for mean, _ in summary["per_seed"]])
+        sec = summary["stage_seconds"]
+        cells = " / ".join(f"{sec[k]:.0f}" if k in sec else "(reused)" for k in (*wm.STAGES, "evaluate"))
+        per_seed = ", ".join(f"{mean:.1f} +- {std:.1f}" for mean, std in summary["per_seed"])
+        lines.append(f"| {label} | {len(means)} | {per_seed} | {means.mean():.1f} +- {means.std():.1f} | {cells} |")
+    return lines
+
+
 def losses(run_dir: Path, path):
     vae, mdn = logger.read_metrics(run_dir / "vae"), logger.read_metrics(run_dir / "mdn")
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
@@ -168,6 +202,12 @@ def main(out: Path):
         fitness = logger.read_metrics(run_dir / "controller")["episode_return"][-1]
         lines.append(f"| {label} | {summary['controller_env']} | {summary['mean']:.1f} +- {summary['std']:.1f} | "
                      f"{fitness:.1f} | {cells} |")
+    if (out / "real-seeds").exists():
+        seed_runs = {"C evolved in the real env": next((out / "real-seeds").iterdir())}
+        if (out / "dream-seeds").exists():
+            seed_runs["C evolved in M's dream (tau 2.0)"] = next((out / "dream-seeds").iterdir())
+        seed_curves(seed_runs, IMG / "world_models_seeds.png")
+        lines += ["", *seeds_table(seed_runs)]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
