@@ -16,7 +16,8 @@ is the annotated PyTorch agent of seed 004; Acme's choices are flags and the
 `acme` preset. Acting, replay, and every learner step run inside one compiled
 `lax.scan`, vmapped over seeds.
 
-    python algos/mpo.py                         # Pendulum-v1 (= --preset pendulum)
+    python algos/mpo.py --preset pendulum       # Pendulum-v1, 100k steps, sized for a CPU (the measured run)
+    python algos/mpo.py                         # seed 004's settings (Acme-sized networks: hours on a CPU)
     python algos/mpo.py --preset acme --num-seeds 4
     python algos/mpo.py --preset mountaincar-continuous
 
