@@ -87,42 +87,41 @@ def dreams(world_models, args, outputs, theta, path, steps=24, every=2):
     plt.close(fig)
 
 
-def cma_curves(runs: dict[str, Path], path):
+def controller_panels(runs: dict[str, Path], path, ylabel: str, draw):
+    """One panel per run of its controller stage's metrics: draw(ax, run_dir, metrics) adds the lines."""
     fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 3.4), squeeze=False)
     for ax, (label, run_dir) in zip(axes[0], runs.items()):
-        m = logger.read_metrics(run_dir / "controller")
-        ax.plot(m["update"], m["fitness_best"], label="best of generation")
-        ax.plot(m["update"], m["episode_return"], label="population mean")
-        ax.plot(m["update"], m["best_ever"], "--", label="best so far")
+        draw(ax, run_dir, logger.read_metrics(run_dir / "controller"))
         ax.set_xlabel("CMA-ES generation")
-        ax.set_ylabel("fitness (mean return over trials)")
+        ax.set_ylabel(ylabel)
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def cma_curves(runs: dict[str, Path], path):
+    def draw(ax, run_dir, m):
+        ax.plot(m["update"], m["fitness_best"], label="best of generation")
+        ax.plot(m["update"], m["episode_return"], label="population mean")
+        ax.plot(m["update"], m["best_ever"], "--", label="best so far")
+
+    controller_panels(runs, path, "fitness (mean return over trials)", draw)
 
 
 def seed_curves(runs: dict[str, Path], path):
     """CMA-ES population-mean fitness per generation, one line per seed, for
     multi-seed runs (the `seeds` part of benchmarks/world_models.sh)."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 3.4), squeeze=False)
-    for ax, (label, run_dir) in zip(axes[0], runs.items()):
-        m = logger.read_metrics(run_dir / "controller")
+    def draw(ax, run_dir, m):
         per_seed = json.loads((run_dir / "eval.json").read_text())["per_seed"]
         for index in np.unique(m["seed_index"]).astype(int):
             rows = m["seed_index"] == index
             ax.plot(m["update"][rows], m["episode_return"][rows],
                     label=f"seed {int(m['seed'][rows][0])}: real eval {per_seed[index][0]:.1f}")
-        ax.set_xlabel("CMA-ES generation")
-        ax.set_ylabel("population mean fitness")
-        ax.set_title(label, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+
+    controller_panels(runs, path, "population mean fitness", draw)
 
 
 def seeds_table(runs: dict[str, Path]) -> list[str]:
