@@ -30,6 +30,7 @@ fi
 if [[ $what == tuning ]]; then  # the 8-seed runs behind the per / noisy presets (docs/rainbow.md)
   SEEDS=8
   run tuning per-alpha-0.5 --preset dqn --prioritized --per-alpha 0.5
+  run tuning per-clip10 --preset per  # alpha 0.5 + global-norm clip 10
   run tuning noisy-sigma-0.25 --preset noisy --sigma0 0.25
   run tuning noisy-double --preset noisy --double-q
   run tuning noisy-sigma-0.1 --preset noisy --sigma0 0.1
