@@ -35,6 +35,7 @@ if [[ $what == tuning ]]; then  # the 8-seed runs behind the per / noisy presets
   run tuning noisy-double --preset noisy --double-q
   run tuning noisy-sigma-0.1 --preset noisy --sigma0 0.1
   run tuning noisy-sigma-0.25-lr-5e-4 --preset noisy --sigma0 0.25 --learning-rate 5e-4
+  run tuning noisy-clip10 --preset noisy --max-grad-norm 10
 fi
 if [[ $what == ablation || $what == all ]]; then
   run ablation rainbow --preset rainbow
