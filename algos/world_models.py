@@ -809,20 +809,9 @@ def make_train(args: Args) -> WorldModels:
                    "controller": args.population * args.trials * max_steps}
     if host:
         collect_init = lambda key, _inputs=None: host_env.collect(key)  # noqa: E731
-        real = lambda params, thetas, key, steps: host_env.returns(  # noqa: E731
+        # fitness and evaluate look real_returns up when called: on the host it steps gymnasium envs.
+        real_returns = lambda params, thetas, key, steps: host_env.returns(  # noqa: E731, F811
             params, thetas, key, steps, policy_step, zero_carry)
-        base_fitness = fitness
-
-        def fitness(params, candidates, latents, key):  # noqa: F811
-            if args.controller_env == "dream":
-                return base_fitness(params, candidates, latents, key)
-            thetas = jnp.repeat(candidates, args.trials, axis=0)
-            return real(params, thetas, key, max_steps).reshape(args.population, args.trials).mean(1)
-
-        def evaluate(params, theta, key):  # noqa: F811
-            return real(params, jnp.broadcast_to(theta, (args.eval_episodes, num_params)), key, max_steps)
-
-        real_returns = real  # noqa: F811
     host_controller = host and args.controller_env == "real"
     A = action_size
     rollouts_shape = Rollouts(jax.ShapeDtypeStruct((N, T + 1, *args.image_shape), jnp.uint8),
