@@ -98,9 +98,17 @@ class Args:
     temperature: float = 0.25
     """collection samples from softmax(logits / temperature); the stored log-prob is of that distribution"""
     replay_ratio: float = 0.25
-    """gradient steps per new transition in each training phase (the seed: 0.25)"""
+    """gradient steps per new transition in each training phase (the seed: 0.25); used when update_epochs is 0"""
     batch_size: int = 256
-    """windows per gradient step, drawn with replacement from the phase's fresh windows"""
+    """windows per gradient step, drawn with replacement from the phase's fresh windows (update_epochs 0)"""
+    update_epochs: int = 0
+    """> 0: instead of replay_ratio draws, this many epochs over the phase's windows, each shuffled into
+    num_minibatches minibatches (the standard PPO schedule; LightZero PR 498 uses 4)"""
+    num_minibatches: int = 4
+    """minibatches per epoch when update_epochs > 0"""
+    ppo_heads_only: bool = False
+    """the PPO surrogate, entropy and value losses train only the policy and value heads (the transformer's
+    features reach them through a stop-gradient), as in LightZero PR 498; the world-model losses train the rest"""
     gamma: float = 0.99
     """discount of GAE"""
     gae_lambda: float = 0.95
@@ -108,7 +116,7 @@ class Args:
     clip_coef: float = 0.2
     """PPO clipping epsilon"""
     norm_adv: bool = False
-    """normalise advantages per batch (off: the seed)"""
+    """normalise advantages over the phase's whole rollout (off: the seed)"""
     target_kl: float = 0.0
     """stop a training phase once a batch's approximate KL exceeds this (0: never)"""
     latent_coef: float = 10.0
@@ -123,6 +131,8 @@ class Args:
     """entropy bonus (the seed configured 0.01 but never applied it)"""
     learning_rate: float = 1e-4
     """AdamW learning rate"""
+    anneal_lr: bool = False
+    """decay the learning rate linearly to 0 over the run (off: the seed)"""
     weight_decay: float = 1e-4
     """AdamW weight decay (on matrices only)"""
     max_grad_norm: float = 5.0
@@ -161,6 +171,11 @@ class Args:
             raise ValueError(f"support_size must be odd and >= 3, got {self.support_size}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.update_epochs < 0:
+            raise ValueError(f"update_epochs must be >= 0 (0: replay_ratio draws), got {self.update_epochs}")
+        if self.update_epochs > 0 and not 1 <= self.num_minibatches <= self.num_windows:
+            raise ValueError(f"num_minibatches={self.num_minibatches} must be in [1, {self.num_windows}], "
+                             f"the number of {self.num_unroll_steps}-step windows a phase collects")
         if self.num_updates < 1:
             raise ValueError(f"total_timesteps={self.total_timesteps} is less than one rollout ({self.batch_steps} steps)")
 
@@ -173,7 +188,13 @@ class Args:
         return self.total_timesteps // self.batch_steps
 
     @property
+    def num_windows(self) -> int:
+        return self.batch_steps // self.num_unroll_steps
+
+    @property
     def gradient_steps(self) -> int:
+        if self.update_epochs > 0:
+            return self.update_epochs * self.num_minibatches
         return max(1, round(self.replay_ratio * self.batch_steps))
 
 
@@ -355,14 +376,17 @@ def window_tokens(model: WorldModel, window: Window, latents: jax.Array | None =
     return tokens, positions, mask
 
 
-def forward_window(model: WorldModel, window: Window, key: jax.Array | None = None):
+def forward_window(model: WorldModel, window: Window, key: jax.Array | None = None, heads_only: bool = False):
     """One pass over a window. Returns, per step [B, K, ...]: policy logits and
     value logits (at latent tokens), next-latent predictions and reward logits
-    (at action tokens). `key` turns dropout on."""
+    (at action tokens). `key` turns dropout on; `heads_only` stops the policy
+    and value gradients at the transformer's output (`--ppo-heads-only`)."""
     tokens, positions, mask = window_tokens(model, window)
     hidden = model.transformer(tokens, positions, mask, key)
     at_latent, at_action = hidden[:, 0::2], hidden[:, 1::2]
-    return model.policy_head(at_latent), model.value_head(at_latent), model.next_latent(at_action), model.reward_head(at_action)
+    features = jax.lax.stop_gradient(at_latent) if heads_only else at_latent
+    return (model.policy_head(features), model.value_head(features), model.next_latent(at_action),
+            model.reward_head(at_action))
 
 
 def last_hidden(model: WorldModel, node: "SearchNode") -> jax.Array:
@@ -514,6 +538,20 @@ class Batch(NamedTuple):
     value: jax.Array
 
 
+def minibatch_indices(args: Args, key: jax.Array) -> jax.Array:
+    """Which of a phase's `num_windows` windows each gradient step trains on:
+    [gradient_steps, windows per step]. With `update_epochs` > 0, each epoch is
+    a fresh permutation cut into `num_minibatches` equal minibatches (every
+    window at most once per epoch; the remainder of an uneven split sits out
+    that epoch); otherwise `batch_size` draws with replacement per step (the seed)."""
+    if args.update_epochs > 0:
+        size = args.num_windows // args.num_minibatches
+        permutations = jax.vmap(lambda k: jax.random.permutation(k, args.num_windows))(
+            jax.random.split(key, args.update_epochs))
+        return permutations[:, : size * args.num_minibatches].reshape(args.gradient_steps, size)
+    return jax.random.randint(key, (args.gradient_steps, args.batch_size), 0, args.num_windows)
+
+
 def make_train(args: Args) -> UniZeroPPO:
     max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
     spec = envs.spec(*envs.make(args.env_id, **max_steps))
@@ -529,9 +567,12 @@ def make_train(args: Args) -> UniZeroPPO:
 
     # AdamW with weight decay on matrices only (LightZero's configure_optimizers).
     decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+    # --anneal-lr: linear decay to 0 over the run's optimizer steps, as CleanRL's and PureJaxRL's PPO.
+    total_steps = args.num_updates * args.gradient_steps
+    learning_rate = optax.linear_schedule(args.learning_rate, 0.0, total_steps) if args.anneal_lr else args.learning_rate
     optimizer = optax.chain(
         optax.clip_by_global_norm(args.max_grad_norm),
-        optax.adamw(args.learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask),
+        optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask),
     )
 
     def empty_context(n):
@@ -617,17 +658,15 @@ def make_train(args: Args) -> UniZeroPPO:
     def loss_fn(params, target_encoder, batch: Batch, key):
         """The world-model losses and the PPO terms on windows [B, K]."""
         world = model(params)
-        logits, value_logits, next_latents, reward_logits = forward_window(world, batch.window, key if args.dropout > 0 else None)
+        logits, value_logits, next_latents, reward_logits = forward_window(
+            world, batch.window, key if args.dropout > 0 else None, heads_only=args.ppo_heads_only)
         target_latents = jax.lax.stop_gradient(nnx.merge(nnx.graphdef(world.encoder), target_encoder)(batch.final_obs))
         latent_loss = jnp.mean(jnp.square(next_latents - target_latents))
         reward_loss = jnp.mean(cross_entropy(reward_logits, scalar_to_probs(batch.reward, args.support_size)))
         value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(batch.target_return, args.support_size)))
         log_probs = tempered_log_probs(logits, args.temperature)
         new_log_prob = jnp.take_along_axis(log_probs, batch.window.action[..., None], -1)[..., 0]
-        advantage = batch.advantage
-        if args.norm_adv:
-            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-        surrogate, ratio = ppo_surrogate(new_log_prob, batch.log_prob, advantage, args.clip_coef)
+        surrogate, ratio = ppo_surrogate(new_log_prob, batch.log_prob, batch.advantage, args.clip_coef)
         policy_loss = surrogate.mean()
         entropy = -jnp.mean(jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1))
         total = (args.latent_coef * latent_loss + args.reward_coef * reward_loss + args.policy_coef * policy_loss
@@ -648,13 +687,16 @@ def make_train(args: Args) -> UniZeroPPO:
         state, traj = collect(state)
         advantages, returns = compute_gae(traj.reward, traj.value, traj.next_value, traj.terminated, traj.truncated,
                                           args.gamma, args.gae_lambda)
-        batch = make_windows(traj, advantages, returns)
-        num_windows = N * T // K
+        # return = advantage + value is fixed before any normalisation; the surrogate then sees
+        # advantages normalised over the whole rollout (not per minibatch) when --norm-adv is on.
+        policy_advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8) if args.norm_adv else advantages
+        batch = make_windows(traj, policy_advantages, returns)
+        key, update_key, index_key = jax.random.split(state.key, 3)
+        indices = minibatch_indices(args, index_key)
 
-        def gradient_step(carry, key):
+        def gradient_step(carry, inputs):
             params, target_encoder, opt_state, stopped = carry
-            index_key, dropout_key = jax.random.split(key)
-            indices = jax.random.randint(index_key, (args.batch_size,), 0, num_windows)
+            indices, dropout_key = inputs
             minibatch = jax.tree.map(lambda x: x[indices], batch)
             grads, stats = jax.grad(loss_fn, has_aux=True)(params, target_encoder, minibatch, dropout_key)
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
@@ -669,10 +711,9 @@ def make_train(args: Args) -> UniZeroPPO:
                 stopped = stopped | (stats["approx_kl"] > args.target_kl)
             return (params, target_encoder, opt_state, stopped), (stats, keep)
 
-        key, update_key = jax.random.split(state.key)
         (params, target_encoder, opt_state, _), (stats, executed) = jax.lax.scan(
             gradient_step, (state.params, state.target_encoder, state.opt_state, jnp.bool_(False)),
-            jax.random.split(update_key, args.gradient_steps),
+            (indices, jax.random.split(update_key, args.gradient_steps)),
         )
         weights = executed.astype(jnp.float32)
         # On the phase's first batch the policy is the one that collected: |ratio - 1| ~ 0 (seed bug 4).

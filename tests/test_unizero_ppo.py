@@ -83,6 +83,42 @@ def test_tokens_of_another_episode_are_invisible(model_and_window):
     np.testing.assert_allclose(a[0][:, 2:], b[0][:, 2:], atol=1e-5)  # steps 2-4 see only their own episode
 
 
+def test_epochs_visit_every_window_once_per_epoch():
+    """--update-epochs: each epoch is a permutation of the phase's windows cut into
+    equal minibatches (no window twice in an epoch, the remainder sits out);
+    the seed's schedule instead draws batch_size windows with replacement."""
+    args = uz.Args(num_envs=8, num_steps=50, update_epochs=4, num_minibatches=3)  # 80 windows -> 3 x 26
+    indices = np.asarray(uz.minibatch_indices(args, jax.random.key(0)))
+    assert indices.shape == (12, 26) and args.gradient_steps == 12
+    for epoch in indices.reshape(4, 78):
+        assert len(set(epoch.tolist())) == 78 and epoch.min() >= 0 and epoch.max() < 80
+    assert len({tuple(e) for e in indices.reshape(4, 78).tolist()}) == 4  # each epoch reshuffles
+    seed_schedule = np.asarray(uz.minibatch_indices(uz.Args(), jax.random.key(0)))
+    assert seed_schedule.shape == (100, 256) and len(set(seed_schedule[0].tolist())) < 80  # with replacement
+    with pytest.raises(ValueError, match="num_minibatches=81 must be in \\[1, 80\\]"):
+        uz.Args(update_epochs=1, num_minibatches=81)
+
+
+def test_ppo_heads_only_stops_the_ppo_gradient_at_the_heads(fresh_phase):
+    """--ppo-heads-only (LightZero PR 498): the PPO and value losses move only the
+    policy and value heads; the transformer and encoder get the world-model
+    losses' gradient alone. Without the flag the PPO terms reach the trunk."""
+    args, _, state, _, _, batch = fresh_phase
+    world_only = dict(policy_coef=0.0, value_coef=0.0, ent_coef=0.0)
+
+    def grads(**flags):
+        loss = uz.make_train(dataclasses.replace(args, **flags)).loss
+        return jax.grad(lambda p: loss(p, state.target_encoder, batch, jax.random.key(0))[0])(state.params)
+
+    heads, joint, world = grads(ppo_heads_only=True), grads(), grads(**world_only)
+    trunk = lambda g: np.concatenate([np.ravel(x) for x in jax.tree.leaves((g["encoder"], g["blocks"]))])
+    np.testing.assert_allclose(trunk(heads), trunk(world), rtol=1e-5, atol=1e-7)
+    assert np.abs(trunk(joint) - trunk(world)).max() > 1e-4
+    policy = lambda g: np.asarray(g["policy_head"]["layers"][2]["kernel"][...])
+    np.testing.assert_allclose(policy(heads), policy(joint), rtol=1e-5, atol=1e-7)  # the heads still learn
+    assert np.abs(policy(heads)).max() > 1e-5
+
+
 # --------------------------------------------------------- the seed's six bugs
 def gae_loop(rewards, values, next_values, terminated, truncated, gamma, lam):
     T, N = rewards.shape
