@@ -134,6 +134,8 @@ class Args:
     """score candidates on prior-mean rollouts instead of sampled states (the paper samples; docs/planet.md)"""
     exploration_noise: float = 0.3
     """std of the Gaussian noise added to planned actions while collecting (actions scaled to [-1, 1])"""
+    reward_scale: float = 1.0
+    """the reward model learns reward_scale x the (action-repeat summed) reward; logged returns stay unscaled"""
 
     def __post_init__(self):
         positive = ("num_seeds", "action_repeat", "collect_interval", "batch_size", "chunk_size", "buffer_size",
@@ -145,6 +147,8 @@ class Args:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.image_size not in DECODER_KERNELS:
             raise ValueError(f"image_size must be one of {sorted(DECODER_KERNELS)}, got {self.image_size}")
+        if self.reward_scale <= 0:
+            raise ValueError(f"reward_scale must be > 0, got {self.reward_scale}")
         if self.top_candidates > self.candidates:
             raise ValueError(f"top_candidates={self.top_candidates} exceeds candidates={self.candidates}")
         if not 1 <= self.bit_depth <= 8:
@@ -559,7 +563,7 @@ def make_train(args: Args) -> PlaNet:
         feats = features(outputs)
         observation_loss = jnp.square(model.decoder(feats) - images).sum((-3, -2, -1)).mean()
         has_reward = (~time_major.first).astype(jnp.float32)
-        reward_error = jnp.square(model.reward(feats) - time_major.reward)
+        reward_error = jnp.square(model.reward(feats) - args.reward_scale * time_major.reward)
         reward_loss = jnp.sum(reward_error * has_reward) / jnp.maximum(has_reward.sum(), 1.0)
         kl_loss, kl = kl_with_free_nats(outputs.posterior_mean, outputs.posterior_std, outputs.prior_mean,
                                         outputs.prior_std, args.free_nats)
@@ -600,7 +604,7 @@ def make_train(args: Args) -> PlaNet:
 
         mean, _, predicted_return = cem_plan(returns_fn, key, args.planning_horizon, action_dim,
                                              args.optimisation_iters, args.candidates, args.top_candidates)
-        return mean[0], predicted_return
+        return mean[0], predicted_return / args.reward_scale
 
     def agent_slot(params, agent: Agent, key, env, mode: str, noise_std: float):
         """One slot for N envs: a first-frame row where `need_first`, otherwise

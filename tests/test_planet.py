@@ -119,3 +119,27 @@ def test_paper_preset_traces_at_the_papers_sizes():
     action, predicted = jax.eval_shape(algo.plan, state.params, planet.Latent(jnp.zeros(200), jnp.zeros(30)),
                                        jax.random.key(0))
     assert action.shape == (1,) and predicted.shape == ()
+
+
+def test_reward_scale_scales_the_reward_target_and_not_the_logged_return(tmp_path):
+    # The reward model learns reward_scale x reward: its loss on rewards r with
+    # scale c equals the loss on rewards c r with scale 1. The planner's actions
+    # do not depend on the scale (CEM ranks), and its predicted return is
+    # divided back to environment units.
+    scaled, plain = (planet.make_train(tiny(tmp_path, reward_scale=c)) for c in (10.0, 1.0))
+    state = plain.init(jax.random.key(0))
+    batch = planet.buffers.sample(state.buffer, jax.random.key(1), 4, 8).windows
+    assert float(jnp.abs(batch.reward).max()) > 0
+    key = jax.random.key(2)
+    _, _, m_scaled = scaled.model_step(state.params, state.opt_state, batch, key)
+    _, _, m_plain = plain.model_step(state.params, state.opt_state, batch._replace(reward=10.0 * batch.reward), key)
+    np.testing.assert_allclose(m_scaled["reward_loss"], m_plain["reward_loss"], rtol=1e-5)
+    _, _, m_unscaled = plain.model_step(state.params, state.opt_state, batch, key)
+    assert not np.isclose(m_scaled["reward_loss"], m_unscaled["reward_loss"], rtol=1e-3)
+    latent = planet.Latent(jnp.zeros(16), jnp.ones(4))
+    action_scaled, predicted_scaled = scaled.plan(state.params, latent, key)
+    action_plain, predicted_plain = plain.plan(state.params, latent, key)
+    np.testing.assert_allclose(action_scaled, action_plain, rtol=1e-5)
+    np.testing.assert_allclose(predicted_scaled, predicted_plain / 10.0, rtol=1e-5)
+    with pytest.raises(ValueError, match="reward_scale must be > 0"):
+        tiny(tmp_path, reward_scale=0.0)
