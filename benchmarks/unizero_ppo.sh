@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Every UniZero-PPO number and curve in docs/unizero_ppo.md comes from this script.
-#   bash benchmarks/unizero_ppo.sh [cartpole-v0|variants|cartpole|breakout|all]
+#   bash benchmarks/unizero_ppo.sh [cartpole|cartpole-v0|ablations|breakout|all]
 # SEEDS (default 4) sets the seed count; BREAKOUT_STEPS (default 500000) the
 # Breakout-MinAtar budget per seed. Runs go to benchmarks/out/unizero_ppo/, and
 #   python benchmarks/summarize.py benchmarks/out/unizero_ppo/<group>/*
 # prints the results table (final return, greedy evaluation, compile and loop time).
-# The UniZero (MCTS) curve of the CartPole-v0 plot is `bash benchmarks/unizero.sh cartpole-v0`.
+# The UniZero (MCTS) curve of the CartPole-v0 plot comes from `bash benchmarks/unizero.sh cartpole-v0`
+# (run it first; without it the plot has three curves).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/out/unizero_ppo
@@ -14,35 +15,43 @@ SEEDS=${SEEDS:-4}
 BREAKOUT_STEPS=${BREAKOUT_STEPS:-500000}
 what=${1:-all}
 
-if [[ $what == cartpole-v0 || $what == all ]]; then
-  rm -rf "$OUT/cartpole-v0" "$OUT/ppo-cartpole-v0"
-  $PY algos/unizero_ppo.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/cartpole-v0" --eval-search 16
-  # Plain PPO (CleanRL's CartPole settings) on the same task and budget: 200-step episodes, 20k steps.
-  $PY algos/ppo.py --preset cartpole --max-episode-steps 200 --total-timesteps 20000 --num-seeds "$SEEDS" \
-    --run-root "$OUT/ppo-cartpole-v0" --exp-name ppo-v0
-fi
-if [[ $what == variants || $what == all ]]; then  # the seed's CartPole-v0 setting with the stabilisers of the docs
-  v0() {  # name, flags...
-    local name=$1; shift
-    rm -rf "$OUT/variants/$name"
-    $PY algos/unizero_ppo.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/variants/$name" --exp-name "$name" "$@"
-  }
-  v0 kl --target-kl 0.03
-  v0 klnorm --target-kl 0.03 --norm-adv
-  v0 t1kl --target-kl 0.03 --temperature 1.0
-  v0 lrkl --target-kl 0.03 --learning-rate 3e-4
-  $PY -m common.plot $OUT/cartpole-v0/* $OUT/variants/lrkl/* $OUT/ppo-cartpole-v0/* benchmarks/out/unizero/cartpole-v0/* \
-    --labels "UniZero-PPO (seed settings)" "UniZero-PPO (target KL 0.03, lr 3e-4)" PPO "UniZero (MCTS, 16 sims)" \
-    --out docs/img/unizero_ppo_cartpole_v0.png --smooth 3 \
-    --title "CartPole-v0 (200-step cap), $SEEDS seeds each, 20k env steps"
-fi
-if [[ $what == cartpole || $what == all ]]; then
+if [[ $what == cartpole || $what == all ]]; then  # the default run: CartPole-v1, 100k steps
   rm -rf "$OUT/cartpole" "$OUT/ppo-cartpole"
-  $PY algos/unizero_ppo.py --preset cartpole --num-seeds "$SEEDS" --run-root "$OUT/cartpole" --eval-search 16
+  $PY algos/unizero_ppo.py --num-seeds "$SEEDS" --run-root "$OUT/cartpole" --eval-search 16
   $PY algos/ppo.py --preset cartpole --total-timesteps 100000 --num-seeds "$SEEDS" --run-root "$OUT/ppo-cartpole" \
     --exp-name ppo
-  $PY -m common.plot $OUT/cartpole/* $OUT/ppo-cartpole/* --labels "UniZero-PPO (cartpole preset)" PPO --smooth 3 \
+  $PY -m common.plot $OUT/cartpole/* $OUT/ppo-cartpole/* --labels "UniZero-PPO (defaults)" PPO --smooth 3 \
     --out docs/img/unizero_ppo_vs_ppo_cartpole.png --title "CartPole-v1, $SEEDS seeds: UniZero-PPO vs PPO at equal env steps"
+fi
+if [[ $what == cartpole-v0 || $what == all ]]; then  # the seed's CartPole-v0: 200-step episodes, 20k steps
+  rm -rf "$OUT/cartpole-v0" "$OUT/seed" "$OUT/ppo-cartpole-v0"
+  $PY algos/unizero_ppo.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/cartpole-v0" --eval-search 16
+  $PY algos/unizero_ppo.py --preset seed --num-seeds "$SEEDS" --run-root "$OUT/seed" --eval-search 16
+  # Plain PPO (CleanRL's CartPole settings) on the same task and budget.
+  $PY algos/ppo.py --preset cartpole --max-episode-steps 200 --total-timesteps 20000 --num-seeds "$SEEDS" \
+    --run-root "$OUT/ppo-cartpole-v0" --exp-name ppo-v0
+  runs=($OUT/cartpole-v0/* $OUT/seed/* $OUT/ppo-cartpole-v0/*)
+  labels=("UniZero-PPO (cartpole-v0)" "UniZero-PPO (seed settings)" PPO)
+  if compgen -G "benchmarks/out/unizero/cartpole-v0/*" > /dev/null; then
+    runs+=(benchmarks/out/unizero/cartpole-v0/*); labels+=("UniZero (MCTS, 16 sims)")
+  fi
+  $PY -m common.plot "${runs[@]}" --labels "${labels[@]}" --out docs/img/unizero_ppo_cartpole_v0.png --smooth 3 \
+    --title "CartPole-v0 (200-step cap), $SEEDS seeds each, 20k env steps"
+fi
+if [[ $what == ablations || $what == all ]]; then  # the cartpole-v0 preset with one setting changed at a time
+  ablate() {  # name, flags...
+    local name=$1; shift
+    rm -rf "$OUT/ablations/$name"
+    $PY algos/unizero_ppo.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/ablations/$name" \
+      --exp-name "$name" "$@"
+  }
+  ablate joint-loss --no-ppo-heads-only
+  ablate gamma-0.99 --gamma 0.99
+  ablate no-norm-adv --no-norm-adv
+  ablate no-target-kl --target-kl 0
+  ablate lr-1e-4 --learning-rate 1e-4
+  ablate pr498-minibatch --num-minibatches 3  # 26 windows = 130 transitions, about PR 498's 128
+  ablate seed-schedule --update-epochs 0      # 100 draws of 256 windows with replacement, as the seed
 fi
 if [[ $what == breakout || $what == all ]]; then
   rm -rf "$OUT/breakout-minatar" "$OUT/ppo-breakout-minatar"

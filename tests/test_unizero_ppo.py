@@ -93,7 +93,7 @@ def test_epochs_visit_every_window_once_per_epoch():
     for epoch in indices.reshape(4, 78):
         assert len(set(epoch.tolist())) == 78 and epoch.min() >= 0 and epoch.max() < 80
     assert len({tuple(e) for e in indices.reshape(4, 78).tolist()}) == 4  # each epoch reshuffles
-    seed_schedule = np.asarray(uz.minibatch_indices(uz.Args(), jax.random.key(0)))
+    seed_schedule = np.asarray(uz.minibatch_indices(cli.preset_args(uz.Args, "unizero_ppo", "seed"), jax.random.key(0)))
     assert seed_schedule.shape == (100, 256) and len(set(seed_schedule[0].tolist())) < 80  # with replacement
     with pytest.raises(ValueError, match="num_minibatches=81 must be in \\[1, 80\\]"):
         uz.Args(update_epochs=1, num_minibatches=81)
@@ -102,7 +102,7 @@ def test_epochs_visit_every_window_once_per_epoch():
 def test_ppo_heads_only_stops_the_ppo_gradient_at_the_heads(fresh_phase):
     """--ppo-heads-only (LightZero PR 498): the PPO and value losses move only the
     policy and value heads; the transformer and encoder get the world-model
-    losses' gradient alone. Without the flag the PPO terms reach the trunk."""
+    losses' gradient alone. With --no-ppo-heads-only the PPO terms reach the trunk."""
     args, _, state, _, _, batch = fresh_phase
     world_only = dict(policy_coef=0.0, value_coef=0.0, ent_coef=0.0)
 
@@ -110,7 +110,7 @@ def test_ppo_heads_only_stops_the_ppo_gradient_at_the_heads(fresh_phase):
         loss = uz.make_train(dataclasses.replace(args, **flags)).loss
         return jax.grad(lambda p: loss(p, state.target_encoder, batch, jax.random.key(0))[0])(state.params)
 
-    heads, joint, world = grads(ppo_heads_only=True), grads(), grads(**world_only)
+    heads, joint, world = grads(ppo_heads_only=True), grads(ppo_heads_only=False), grads(**world_only)
     trunk = lambda g: np.concatenate([np.ravel(x) for x in jax.tree.leaves((g["encoder"], g["blocks"]))])
     np.testing.assert_allclose(trunk(heads), trunk(world), rtol=1e-5, atol=1e-7)
     assert np.abs(trunk(joint) - trunk(world)).max() > 1e-4
@@ -292,7 +292,10 @@ def test_bad_input(tmp_path):
 
 def test_cli_tiny_run(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "algos" / "unizero_ppo.py"), "--preset", "tiny", "--num-seeds", "2",
-                          "--run-root", str(tmp_path), "--eval-search", "2"],
+                          "--run-root", str(tmp_path), "--eval-search", "2",
+                          # the seed's schedule and joint loss, end to end (the other runs use the defaults)
+                          "--update-epochs", "0", "--batch-size", "8", "--replay-ratio", "0.05",
+                          "--no-ppo-heads-only"],
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout and "Gumbel search" in out.stdout
