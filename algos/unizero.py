@@ -80,6 +80,8 @@ class Args:
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
 
     # algorithm-specific
+    eval_every: int = 0
+    """updates between greedy evaluations during training (search, no noise), logged as eval_return; 0: only at the end"""
     max_episode_steps: int = 0
     """time limit of an episode; 0 keeps the env's own (200 for LightZero's CartPole-v0)"""
     num_envs: int = 8
@@ -758,7 +760,7 @@ def main(args: Args) -> runner.RunResult:
     cli.configure_jax(args.compile_cache)
     algo = make_train(args)
     return runner.run(args, algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
-                      steps_per_update=args.steps_per_update)
+                      steps_per_update=args.steps_per_update, eval_every=args.eval_every)
 
 
 if __name__ == "__main__":

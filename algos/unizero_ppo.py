@@ -94,6 +94,8 @@ class Args:
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
 
     # algorithm-specific
+    eval_every: int = 0
+    """updates between greedy evaluations during training (argmax policy), logged as eval_return; 0: only at the end"""
     max_episode_steps: int = 0
     """time limit of an episode; 0 keeps the env's own (200 for the seed's CartPole-v0)"""
     num_envs: int = 8
@@ -828,7 +830,7 @@ def main(args: Args) -> runner.RunResult:
     cli.configure_jax(args.compile_cache)
     algo = make_train(args)
     result = runner.run(args, algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
-                        steps_per_update=args.batch_steps)
+                        steps_per_update=args.batch_steps, eval_every=args.eval_every)
     if args.eval_search:
         seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
         evaluate = jax.jit(jax.vmap(lambda s, seed: algo.evaluate_search(s, jax.random.fold_in(jax.random.key(seed), 1))))

@@ -110,13 +110,25 @@ def run(
     *,
     num_updates: int,
     steps_per_update: int,
+    eval_every: int = 0,
 ) -> RunResult:
     """Train `num_seeds` seeds for `num_updates` updates and evaluate them.
 
     `steps_per_update` (env steps per seed per update) turns update counts into
     the `global_step` column. With `args.resume` set, the state and the update
     counter come from the newest checkpoint of that run directory.
+
+    `eval_every` > 0 also runs the greedy evaluation during training, between
+    chunks, every `eval_every` updates (rounded up to a chunk boundary) and at
+    the end: the same compiled program and keys as the final evaluation, so
+    the last logged `eval_return` is the final one. Each seed's mean return
+    goes to the `eval_return` column on the row of the chunk's last update
+    (NaN on the other rows). The training trajectory is the same with or
+    without it. Every row also has `wall_seconds`, the training loop's time
+    when its chunk's metrics reached the host.
     """
+    if eval_every < 0:
+        raise ValueError(f"eval_every must be >= 0 (0: evaluate only at the end), got {eval_every}")
     compile_start = time.perf_counter()
     chunk, trace_count = make_chunk(update, num_updates, args.log_every)
     seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
@@ -156,16 +168,25 @@ def run(
     history: dict[str, list[np.ndarray]] = {}
     clock = {"last": time.perf_counter()}
 
-    def record(metrics, first_update: int, count: int) -> None:
-        """Copy one finished chunk's metrics to the host and log them."""
+    def record(metrics, first_update: int, count: int, evaluation=None) -> None:
+        """Copy one finished chunk's metrics (and its evaluation, if one ran
+        after it) to the host and log them."""
         metrics = {k: v[:, :count] for k, v in jax.device_get(metrics).items()}  # drop skipped updates
         now = time.perf_counter()
         elapsed, clock["last"] = now - clock["last"], now
         update_index = np.arange(first_update + 1, first_update + count + 1)
         metrics["steps_per_second"] = np.full((args.num_seeds, count), count * steps_per_update * args.num_seeds / elapsed)
+        metrics["wall_seconds"] = np.full((args.num_seeds, count), now - start)
+        if eval_every:
+            metrics["eval_return"] = np.full((args.num_seeds, count), np.nan)
+            if evaluation is not None:
+                metrics["eval_return"][:, -1] = np.asarray(evaluation).mean(axis=1)
         run_log.log(update_index, update_index * steps_per_update, metrics)
         for k, v in metrics.items():
             history.setdefault(k, []).append(v)
+        start_eval_compile()
+
+    def start_eval_compile() -> None:
         nonlocal compiled_eval
         if compiled_eval is None:
             compiled_eval = background.submit(eval_lowered.compile)  # compiles while the next chunks run
@@ -176,13 +197,25 @@ def run(
     # so metrics.csv never lacks rows that a resumed run would not redo.
     start = time.perf_counter()
     last_checkpoint = dispatched = updates_done
-    in_flight = None  # (metrics, first update, updates) of the chunk on the device
+    next_eval = (updates_done // eval_every + 1) * eval_every if eval_every else None
+    eval_returns = None  # the evaluation of the final state, if the loop ran it
+    in_flight = None  # (metrics, first update, updates, evaluation) of the chunk on the device
     while dispatched < num_updates or in_flight is not None:
         previous, in_flight = in_flight, None
         if dispatched < num_updates:
             state, metrics = run_chunk(state, jnp.int32(dispatched))
             count = min(args.log_every, num_updates - dispatched)
-            in_flight, dispatched = (metrics, dispatched, count), dispatched + count
+            first, dispatched = dispatched, dispatched + count
+            evaluation = None
+            if eval_every and (dispatched >= next_eval or dispatched == num_updates):
+                start_eval_compile()
+                evaluation = compiled_eval.result()(state, seeds)
+                jax.block_until_ready(evaluation)  # before the next chunk takes (donates) the state
+                while next_eval <= dispatched:
+                    next_eval += eval_every
+                if dispatched == num_updates:
+                    eval_returns = np.asarray(evaluation)
+            in_flight = (metrics, first, count, evaluation)
         if previous is not None:
             record(*previous)
         due = dispatched - last_checkpoint >= args.checkpoint_every or dispatched == num_updates
@@ -195,9 +228,9 @@ def run(
     train_seconds = time.perf_counter() - start
     run_log.progress(updates_done * steps_per_update, final=True)
 
-    if compiled_eval is None:  # resumed at the end: no chunk ran
-        compiled_eval = background.submit(eval_lowered.compile)
-    eval_returns = np.asarray(compiled_eval.result()(state, seeds))
+    if eval_returns is None:
+        start_eval_compile()  # a no-op unless resumed at the end (no chunk ran)
+        eval_returns = np.asarray(compiled_eval.result()(state, seeds))
     background.shutdown()
     run_log.print(
         f"greedy evaluation, {args.eval_episodes} episodes x {args.num_seeds} seed(s): "

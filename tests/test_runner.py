@@ -1,0 +1,77 @@
+"""common/runner.py on a toy algorithm: evaluation during training."""
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from common import logger, runner
+
+
+@dataclass(frozen=True)
+class ToyArgs:
+    exp_name: str = "toy"
+    seed: int = 0
+    num_seeds: int = 2
+    env_id: str = "Toy"
+    log_every: int = 2
+    track: bool = False
+    tensorboard: bool = False
+    save_model: bool = False
+    checkpoint_every: int = 100
+    resume: str | None = None
+    run_root: str = "runs"
+    eval_episodes: int = 3
+
+
+def toy_algorithm():
+    """The state counts updates; a seed's evaluation returns its count (plus
+    the seed, to tell seeds apart) on every episode."""
+
+    def init(key):
+        return {"count": jnp.float32(0), "offset": jax.random.key_data(key)[-1].astype(jnp.float32)}
+
+    def update(state):
+        state = {**state, "count": state["count"] + 1}
+        return state, {"episode_return": state["count"]}
+
+    def evaluate(state, _key):
+        return jnp.full(3, state["count"] + 1000 * state["offset"])
+
+    return init, update, evaluate
+
+
+def run_toy(tmp_path, eval_every, num_updates=9):
+    init, update, evaluate = toy_algorithm()
+    args = ToyArgs(run_root=str(tmp_path / f"every{eval_every}"))
+    return runner.run(args, init, update, evaluate, num_updates=num_updates, steps_per_update=10, eval_every=eval_every)
+
+
+def test_eval_every_logs_evaluations_at_chunk_ends_and_the_end(tmp_path):
+    result = run_toy(tmp_path, eval_every=3)
+    rows = logger.read_metrics(result.run_dir)
+    offsets = np.asarray(result.state["offset"])
+    for seed_index in range(2):
+        mine = rows["seed_index"] == seed_index
+        evaluated = mine & np.isfinite(rows["eval_return"])
+        # Chunks of 2 end at updates 2, 4, 6, 8, 9: the first at or past 3, 6, 9, and the last.
+        assert list(rows["update"][evaluated]) == [4, 6, 9]
+        np.testing.assert_allclose(rows["eval_return"][evaluated], np.array([4, 6, 9]) + 1000 * offsets[seed_index])
+    # The final evaluation is the last logged one.
+    np.testing.assert_allclose(result.eval_returns.mean(1), 9 + 1000 * offsets)
+    assert np.all(np.diff(rows["wall_seconds"][rows["seed_index"] == 0]) >= 0)
+
+
+def test_eval_every_leaves_training_unchanged(tmp_path):
+    with_eval, without = run_toy(tmp_path, eval_every=3), run_toy(tmp_path, eval_every=0)
+    for a, b in zip(jax.tree.leaves(with_eval.state), jax.tree.leaves(without.state)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(with_eval.eval_returns, without.eval_returns)
+    assert "eval_return" not in logger.read_metrics(without.run_dir)
+
+
+def test_negative_eval_every_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="eval_every must be >= 0"):
+        run_toy(tmp_path, eval_every=-1)
