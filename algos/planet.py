@@ -80,6 +80,8 @@ class Args:
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
 
     # algorithm-specific
+    eval_every: int = 0
+    """updates between evaluations during training (planner, no noise), logged as eval_return; 0: only at the end"""
     image_size: int = 64
     """side of the square image observations: 16, 32 or 64 pixels"""
     grayscale: bool = False
@@ -739,7 +741,7 @@ def main(args: Args) -> runner.RunResult:
     algo = make_train(args)
     return runner.run(
         args, algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
-        steps_per_update=args.steps_per_update,
+        steps_per_update=args.steps_per_update, eval_every=args.eval_every,
     )
 
 

@@ -13,9 +13,11 @@ what=${1:-all}
 
 if [[ $what == cpu || $what == all ]]; then
   rm -rf "$OUT/cpu"
-  $PY algos/planet.py --preset cpu --num-seeds "$SEEDS" --run-root "$OUT/cpu"
+  $PY algos/planet.py --preset cpu --num-seeds "$SEEDS" --run-root "$OUT/cpu" --eval-every 8
   $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu.png --smooth 3 \
     --title "PlaNet (cpu preset) on pixel Pendulum-v1, $SEEDS seeds"
+  $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu_eval.png --metric eval_return \
+    --title "PlaNet (cpu preset), $SEEDS seeds: planner without exploration noise during training"
   $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu_losses.png --metric observation_loss \
     --title "PlaNet (cpu preset): image reconstruction loss"
 fi
