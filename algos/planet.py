@@ -439,6 +439,29 @@ def rssm_imagine(rssm: RSSM, latent: Latent, actions, noise) -> tuple[Latent, ja
     return jax.lax.scan(step, latent, (actions, noise))[1]
 
 
+def open_loop_prediction(model: WorldModel, images, actions, firsts, context: int, noise) -> tuple[jax.Array,
+                                                                                                   jax.Array]:
+    """Video prediction (paper figure 4): filter the first `context` frames of
+    images [T, B, S, S, C] (preprocessed) with the posterior, then predict the
+    remaining T - context steps open loop with the prior, from the recorded
+    actions [T, B, A] only. firsts [T, B] as in `rssm_observe` (the predicted
+    part should lie inside one episode); noise [T, B, Z] standard normal
+    (zeros: the means). Returns decoded frames [T, B, S, S, C] (posterior
+    reconstructions for t < context, open-loop predictions after) and
+    predicted rewards [T, B] (in the reward model's units, reward_scale x)."""
+    chex.assert_equal_shape_prefix([images, actions, firsts, noise], 2)
+    zeros = Latent(jnp.zeros((images.shape[1], model.rssm.gru.hidden_features)),
+                   jnp.zeros(noise.shape[1:]))
+    filtered = rssm_observe(model.rssm, zeros, actions[:context], model.encoder(images[:context]), firsts[:context],
+                            noise[:context])
+    last = Latent(filtered.belief[-1], filtered.state[-1])
+    predicted, _, _ = rssm_imagine(model.rssm, last, actions[context:], noise[context:])
+    belief = jnp.concatenate([filtered.belief, predicted.belief])
+    state = jnp.concatenate([filtered.state, predicted.state])
+    feats = jnp.concatenate([belief, state], axis=-1)
+    return model.decoder(feats), model.reward(feats)
+
+
 def cem_plan(
     returns_fn: Callable[[jax.Array, jax.Array], jax.Array],
     key: jax.Array,

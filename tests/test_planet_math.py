@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from algos.planet import (Args, Latent, RSSM, StridedConv, StridedConvTranspose, cem_plan, kl_with_free_nats,
-                          overshooting_kl, preprocess_obs, rssm_imagine, rssm_observe, rssm_observe_step)
+from algos.planet import (Args, Latent, RSSM, StridedConv, StridedConvTranspose, WorldModel, cem_plan,
+                          kl_with_free_nats, open_loop_prediction, overshooting_kl, preprocess_obs, rssm_imagine,
+                          rssm_observe, rssm_observe_step)
 
 SMALL = dataclasses.replace(Args(), belief_size=6, state_size=3, hidden_size=5, embedding_size=4)
 
@@ -155,3 +156,33 @@ def test_bit_depth_reduction_and_dequantisation_noise():
     noise = x - levels
     assert noise.min() >= 0.0 and noise.max() < 1 / 32 and noise.std() > 0.005
     assert len(np.unique(levels)) == 32
+
+
+def test_open_loop_prediction_filters_the_context_then_uses_only_actions():
+    # Context frames are the posterior's reconstructions; after them the
+    # prediction depends on the actions and not on the frames it predicts.
+    args = dataclasses.replace(SMALL, image_size=16, grayscale=True, cnn_depth=2, embedding_size=8)
+    model = WorldModel(2, args, nnx.Rngs(0))
+    rng = np.random.default_rng(4)
+    T, B, context = 7, 2, 3
+    images = jnp.asarray(rng.uniform(-0.5, 0.5, (T, B, 16, 16, 1)), jnp.float32)
+    actions = jnp.asarray(rng.normal(size=(T, B, 2)), jnp.float32)
+    firsts = jnp.zeros((T, B), bool).at[0].set(True)
+    noise = jnp.asarray(rng.normal(size=(T, B, args.state_size)), jnp.float32)
+    decoded, reward = open_loop_prediction(model, images, actions, firsts, context, noise)
+    assert decoded.shape == images.shape and reward.shape == (T, B)
+    outputs = rssm_observe(model.rssm, Latent(jnp.zeros((B, 6)), jnp.zeros((B, 3))), actions, model.encoder(images),
+                           firsts, noise)
+    feats = jnp.concatenate([outputs.belief, outputs.state], -1)
+    np.testing.assert_allclose(decoded[:context], model.decoder(feats)[:context], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(reward[:context], model.reward(feats)[:context], rtol=1e-5, atol=1e-6)
+    start = Latent(outputs.belief[context - 1], outputs.state[context - 1])
+    predicted, _, _ = rssm_imagine(model.rssm, start, actions[context:], noise[context:])
+    expected = model.decoder(jnp.concatenate([predicted.belief, predicted.state], -1))
+    np.testing.assert_allclose(decoded[context:], expected, rtol=1e-5, atol=1e-6)
+    other_frames = images.at[context:].set(-images[context:])
+    same, _ = open_loop_prediction(model, other_frames, actions, firsts, context, noise)
+    np.testing.assert_allclose(same, decoded, rtol=1e-6, atol=1e-6)
+    other_actions, _ = open_loop_prediction(model, images, actions.at[context:].multiply(-1.0), firsts, context, noise)
+    assert not np.allclose(other_actions[context + 1:], decoded[context + 1:])
+    assert not np.allclose(decoded[context:], model.decoder(feats)[context:])  # not the filtered reconstruction
