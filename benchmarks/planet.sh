@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Every PlaNet number and curve in docs/planet.md comes from this script.
-#   bash benchmarks/planet.sh [cpu|paper-smoke|all]
+# Every PlaNet number and figure in docs/planet.md comes from this script.
+#   bash benchmarks/planet.sh [cpu|cpu-resume|video|cost|paper-smoke|all]
 # cpu: the `cpu` preset on pixel Pendulum-v1 over $SEEDS seeds (vmapped in one
-# process), then the learning curve. paper-smoke: the `paper` preset for one
-# iteration, to time it (a full paper run is far too slow for a CPU).
+# process), evaluated (planner, no noise) every 8 episodes; learning curves.
+# video: open-loop predictions against the real frames from the cpu run's final
+# checkpoint (benchmarks/planet_figures.py). cost: planner, acting and model
+# update cost per preset (benchmarks/planet_cost.py). paper-smoke: the `paper`
+# preset for one iteration (100 model updates and one planned episode), to show
+# it runs and time it (a full paper run is far too slow for a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/out/planet
@@ -13,13 +17,24 @@ what=${1:-all}
 
 if [[ $what == cpu || $what == all ]]; then
   rm -rf "$OUT/cpu"
-  $PY algos/planet.py --preset cpu --num-seeds "$SEEDS" --run-root "$OUT/cpu" --eval-every 8
+  $PY algos/planet.py --preset cpu --num-seeds "$SEEDS" --run-root "$OUT/cpu" --eval-every 8 --checkpoint-every 4
+fi
+if [[ $what == cpu-resume ]]; then  # continue a killed cpu run from its last checkpoint (every 4 episodes)
+  $PY algos/planet.py --resume "$(ls -d $OUT/cpu/*/ | head -1)"
+fi
+if [[ $what == cpu || $what == cpu-resume || $what == all ]]; then
   $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu.png --smooth 3 \
     --title "PlaNet (cpu preset) on pixel Pendulum-v1, $SEEDS seeds"
   $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu_eval.png --metric eval_return \
     --title "PlaNet (cpu preset), $SEEDS seeds: planner without exploration noise during training"
   $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu_losses.png --metric observation_loss \
     --title "PlaNet (cpu preset): image reconstruction loss"
+fi
+if [[ $what == video || $what == all ]]; then
+  $PY benchmarks/planet_figures.py "$(ls -d $OUT/cpu/*/ | head -1)" --context 5 --horizon 25 --out "$OUT"
+fi
+if [[ $what == cost || $what == all ]]; then
+  $PY benchmarks/planet_cost.py --presets tiny cpu paper --out "$OUT/cost.json"
 fi
 if [[ $what == paper-smoke || $what == all ]]; then
   rm -rf "$OUT/paper-smoke"
