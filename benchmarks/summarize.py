@@ -7,6 +7,11 @@ return (per seed: mean of the logged episode returns over the last 5% of
 updates; then mean and std over seeds), the greedy evaluation at the end (mean
 over seeds of each seed's mean, and the std of those per-seed means), the
 weakest seed's evaluation, and the compile and training-loop wall times.
+
+    python benchmarks/summarize.py --reach 195 benchmarks/out/unizero/cartpole-v0/*
+
+prints instead, for runs logged with `--eval-every`, the env steps and the
+training-loop seconds at which each seed's evaluation first reached 195.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import plot
+from common import logger, plot
 
 
 def summarize(run_dir: Path) -> dict:
@@ -40,6 +45,32 @@ def summarize(run_dir: Path) -> dict:
     }
 
 
+def first_reach(run_dir: Path, threshold: float) -> list[tuple[float, float] | None]:
+    """Per seed, `(env steps, wall seconds)` of the first logged evaluation
+    (`eval_return`, from `--eval-every`) at or above `threshold`; None if none."""
+    rows = logger.read_metrics(run_dir)
+    if "eval_return" not in rows:
+        raise ValueError(f"{run_dir}: no eval_return column; run it with --eval-every N")
+    reached = []
+    for seed in np.unique(rows["seed"]):
+        hit = (rows["seed"] == seed) & (rows["eval_return"] >= threshold)
+        first = np.argmin(np.where(hit, rows["global_step"], np.inf)) if hit.any() else None
+        reached.append(None if first is None else (rows["global_step"][first], rows["wall_seconds"][first]))
+    return reached
+
+
+def main_reach(run_dirs: list[str], threshold: float) -> None:
+    print(f"| run | seeds | env steps to eval >= {threshold:g} (per seed) | training-loop seconds (per seed) | compile (s) |")
+    print("| --- | --- | --- | --- | --- |")
+    for run_dir in run_dirs:
+        args = json.loads((Path(run_dir) / "args.json").read_text())
+        compile_s = json.loads((Path(run_dir) / "eval.json").read_text()).get("compile_seconds", float("nan"))
+        reached = first_reach(Path(run_dir), threshold)
+        steps = ", ".join("never" if r is None else f"{r[0]:,.0f}" for r in reached)
+        seconds = ", ".join("-" if r is None else f"{r[1]:.0f}" for r in reached)
+        print(f"| {args['exp_name']} | {len(reached)} | {steps} | {seconds} | {compile_s:.1f} |")
+
+
 def main(run_dirs: list[str]) -> None:
     print("| env | run | seeds | env steps / seed | final training return | greedy eval | worst seed | compile (s) | training loop (s) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -52,4 +83,7 @@ def main(run_dirs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if len(sys.argv) > 2 and sys.argv[1] == "--reach":
+        main_reach(sys.argv[3:], float(sys.argv[2]))
+    else:
+        main(sys.argv[1:])

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
 #   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|search-cost|all]
-# SEEDS (default 4) sets the seed count of the learning curves.
+# SEEDS (default 4) sets the seed count of the learning curves. The CartPole runs
+# evaluate greedily during training (--eval-every): env steps and training-loop
+# seconds to an evaluation return of 195 / 475 by
+#   python benchmarks/summarize.py --reach 195 benchmarks/out/unizero/cartpole-v0/*
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/out/unizero
@@ -11,9 +14,11 @@ what=${1:-all}
 
 if [[ $what == cartpole-v0 || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0"
-  $PY algos/unizero.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/cartpole-v0"
+  $PY algos/unizero.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/cartpole-v0" --eval-every 5
   $PY -m common.plot $OUT/cartpole-v0/* --out docs/img/unizero_cartpole_v0.png \
     --title "UniZero on CartPole-v0 (200-step cap), $SEEDS seeds"
+  $PY -m common.plot $OUT/cartpole-v0/* --metric eval_return --out docs/img/unizero_cartpole_v0_eval.png \
+    --title "UniZero on CartPole-v0, $SEEDS seeds: greedy evaluation with search during training"
 fi
 if [[ $what == puct || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0-puct"
@@ -23,7 +28,7 @@ if [[ $what == puct || $what == all ]]; then
 fi
 if [[ $what == cartpole || $what == all ]]; then
   rm -rf "$OUT/cartpole" "$OUT/ppo-cartpole"
-  $PY algos/unizero.py --preset cartpole --num-seeds "$SEEDS" --run-root "$OUT/cartpole"
+  $PY algos/unizero.py --preset cartpole --num-seeds "$SEEDS" --run-root "$OUT/cartpole" --eval-every 10
   $PY algos/ppo.py --preset cartpole --total-timesteps 50000 --num-seeds "$SEEDS" --run-root "$OUT/ppo-cartpole" \
     --exp-name ppo
   $PY -m common.plot $OUT/cartpole/* $OUT/ppo-cartpole/* --out docs/img/unizero_vs_ppo_cartpole.png \

@@ -159,9 +159,11 @@ def run(
     )
 
     # Evaluation keys: fold_in(key(seed), 1), independent of the training stream.
+    # Run once, it compiles unoptimised; run every `eval_every` updates, it runs
+    # long enough to be worth optimising (UniZero's search: 2.6x faster).
     eval_lowered = jax.jit(
         over_seeds(lambda state, seed: evaluate(state, jax.random.fold_in(jax.random.key(seed), 1)), args.num_seeds, (0, 0)),
-        compiler_options=RUN_ONCE,
+        compiler_options=None if eval_every else RUN_ONCE,
     ).lower(abstract_state, seeds)
     compiled_eval = None  # a future, started once the first chunk has run
 
@@ -204,6 +206,8 @@ def run(
         previous, in_flight = in_flight, None
         if dispatched < num_updates:
             state, metrics = run_chunk(state, jnp.int32(dispatched))
+            if eval_every:
+                start_eval_compile()  # compiles while the first chunk runs
             count = min(args.log_every, num_updates - dispatched)
             first, dispatched = dispatched, dispatched + count
             evaluation = None
