@@ -6,8 +6,9 @@
 # video: open-loop predictions against the real frames from the cpu run's final
 # checkpoint (benchmarks/planet_figures.py). cost: planner, acting and model
 # update cost per preset (benchmarks/planet_cost.py). paper-smoke: the `paper`
-# preset for one iteration (100 model updates and one planned episode), to show
-# it runs and time it (a full paper run is far too slow for a CPU).
+# preset's whole loop at its sizes for one iteration, with one model update
+# instead of 100 (seconds per update and per plan on a CPU: see cost), to show
+# it runs end to end; a full paper run is far too slow for a CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/out/planet
@@ -41,5 +42,6 @@ if [[ $what == cost || $what == all ]]; then
 fi
 if [[ $what == paper-smoke || $what == all ]]; then
   rm -rf "$OUT/paper-smoke"
-  $PY algos/planet.py --preset paper --total-timesteps 200 --eval-episodes 1 --run-root "$OUT/paper-smoke"
+  $PY algos/planet.py --preset paper --total-timesteps 200 --collect-interval 1 --eval-episodes 1 \
+    --run-root "$OUT/paper-smoke"
 fi

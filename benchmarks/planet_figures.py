@@ -11,6 +11,7 @@ prior from the recorded actions alone (algos/planet.py:
     docs/img/planet_open_loop.png        real frames above the model's, per seed
     docs/img/planet_open_loop_error.png  squared error per open-loop step
     <out>/open_loop.json                 the numbers behind the second figure
+    <out>/learning.json                  per seed: episodes, training returns, evaluations
 
     python benchmarks/planet_figures.py benchmarks/out/planet/cpu/Pendulum-v1__planet-cpu__0__*
 """
@@ -33,7 +34,7 @@ from flax import nnx  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from algos import planet  # noqa: E402
-from common import checkpoint, cli, runner  # noqa: E402
+from common import checkpoint, cli, logger, runner  # noqa: E402
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 
@@ -72,6 +73,23 @@ def predict(args, algo, params, windows: planet.Step, context: int, key):
     noise = jnp.zeros((*time_major.first.shape, args.state_size))  # prior and posterior means
     decoded, reward = planet.open_loop_prediction(model, images, time_major.action, time_major.first, context, noise)
     return images, decoded, reward / args.reward_scale, time_major.reward
+
+
+def learning_summary(run_dir: str) -> dict:
+    """Per seed, from metrics.csv (a finished or a killed run): episodes done,
+    the first and last 10 training returns (with exploration noise), every
+    evaluation (planner without noise) and the training-loop seconds."""
+    m = logger.read_metrics(run_dir)
+    seeds = []
+    for seed in np.unique(m["seed_index"]):
+        rows = m["seed_index"] == seed
+        returns, evals = m["episode_return"][rows], m.get("eval_return", np.full(rows.sum(), np.nan))[rows]
+        has_eval = np.isfinite(evals)
+        seeds.append({"seed": int(m["seed"][rows][0]), "episodes": int(m["update"][rows].max()),
+                      "first10": float(returns[:10].mean()), "last10": float(returns[-10:].mean()),
+                      "best_episode": float(returns.max()),
+                      "evaluations": {int(u): float(e) for u, e in zip(m["update"][rows][has_eval], evals[has_eval])}})
+    return {"seeds": seeds, "train_seconds": float(np.nanmax(m["wall_seconds"]))}
 
 
 def show(ax, image, title=None):
@@ -168,6 +186,13 @@ def main() -> None:
     out = Path(cli_args.out) if cli_args.out else Path(cli_args.run_dir).parent
     out.mkdir(parents=True, exist_ok=True)
     (out / "open_loop.json").write_text(json.dumps(summary, indent=1) + "\n")
+    curves = learning_summary(cli_args.run_dir)
+    (out / "learning.json").write_text(json.dumps(curves, indent=1) + "\n")
+    for seed in curves["seeds"]:
+        print(f"seed {seed['seed']}: {seed['episodes']} episodes, training return first 10 {seed['first10']:.1f}, "
+              f"last 10 {seed['last10']:.1f}, best {seed['best_episode']:.1f}; evaluations "
+              + ", ".join(f"{u}: {e:.1f}" for u, e in seed["evaluations"].items()))
+    print(f"training loop {curves['train_seconds']:.0f} s")
     for k in (1, 5, 10, horizon):
         if k <= horizon:
             print(f"open-loop step {k:2d}: image error {errors[:, k - 1].mean():7.2f} (per seed "
