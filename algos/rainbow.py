@@ -94,6 +94,8 @@ class Args:
     """env steps per seed before the first gradient step"""
     learning_rate: float = 2.5e-4
     """Adam learning rate"""
+    anneal_lr: bool = False
+    """decay the learning rate linearly to 0 over the run's gradient steps"""
     adam_eps: float = 1e-8
     """Adam epsilon"""
     max_grad_norm: float = 0.0
@@ -181,6 +183,14 @@ class Args:
     def phases_per_update(self) -> int:
         return self.steps_per_update // self.train_frequency
 
+    @property
+    def num_gradient_steps(self) -> int:
+        """Gradient steps of the whole run: one phase per train_frequency env steps learns
+        once its env steps have reached learning_starts."""
+        phases = self.num_updates * self.phases_per_update
+        first_learning_phase = max(1, -(-self.learning_starts // self.train_frequency))
+        return max(0, phases - first_learning_phase + 1) * self.gradient_steps
+
 
 # --------------------------------------------------------------------------- #
 # Networks
@@ -224,6 +234,10 @@ class NoisyLinear(nnx.Module):
         eps_out = f(jax.random.normal(out_key, (self.w_mu.shape[1],)))
         weight = self.w_mu[...] + self.w_sigma[...] * jnp.outer(eps_in, eps_out)
         return x @ weight + self.b_mu[...] + self.b_sigma[...] * eps_out
+
+    def noise_scale(self) -> jax.Array:
+        """mean |sigma_w| sqrt(fan_in): sigma0 at initialisation, comparable across layers."""
+        return jnp.abs(self.w_sigma[...]).mean() * np.sqrt(self.w_mu.shape[0])
 
 
 class MinAtarConv(nnx.Module):
@@ -272,6 +286,11 @@ class QNetwork(nnx.Module):
         self.activation = ACTIVATIONS[args.activation]
         self.num_actions, self.num_atoms = spec.num_actions, args.num_atoms
 
+    def noise_scale(self) -> jax.Array:
+        """[]: the noisy layers' mean noise_scale (NaN without noisy layers)."""
+        layers = [l for l in (*self.hidden, self.advantage, self.value) if isinstance(l, NoisyLinear)]
+        return jnp.mean(jnp.stack([l.noise_scale() for l in layers])) if layers else jnp.float32(jnp.nan)
+
     def __call__(self, obs: jax.Array, key: jax.Array | None = None) -> jax.Array:
         keys = [None] * (len(self.hidden) + 2) if key is None else list(jax.random.split(key, len(self.hidden) + 2))
         x = obs if self.conv is None else self.conv(obs)
@@ -309,6 +328,17 @@ class RunnerState:
     key: jax.Array
     env_steps: jax.Array  # [] env steps per seed so far
     gradient_steps: jax.Array  # [] gradient steps taken
+
+
+class Learner(NamedTuple):
+    """What one gradient step changes (the replay data and the target network are only read)."""
+
+    params: nnx.State
+    opt_state: optax.OptState
+    key: jax.Array
+    gradient_steps: jax.Array  # []
+    priority: jax.Array | None  # [rows, num_envs] replay priorities (prioritized replay only)
+    max_priority: jax.Array | None  # []
 
 
 # --------------------------------------------------------------------------- #
@@ -424,7 +454,9 @@ def make_train(args: Args) -> Rainbow:
         return jnp.sum(jax.nn.softmax(out, axis=-1) * support, axis=-1)
 
     clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
-    optimizer = optax.chain(*clip, optax.adam(args.learning_rate, eps=args.adam_eps))
+    learning_rate = (optax.linear_schedule(args.learning_rate, 0.0, max(1, args.num_gradient_steps))
+                     if args.anneal_lr else args.learning_rate)
+    optimizer = optax.chain(*clip, optax.adam(learning_rate, eps=args.adam_eps))
 
     def init(key: jax.Array) -> RunnerState:
         key, model_key, env_key = jax.random.split(key, 3)
@@ -494,44 +526,63 @@ def make_train(args: Args) -> Rainbow:
         q_taken = online[:, 0] if not distributional else jnp.sum(jax.nn.softmax(online) * support, -1)
         return loss, (priority, {"loss": loss, "q_value": q_taken.mean(), "priority_max": priority.max()})
 
-    def learn(state: RunnerState, _):
-        key, sample_key, noise_key = jax.random.split(state.key, 3)
+    def learn(learner: Learner, _, buffer: buffers.Buffer, target_params: nnx.State, beta: jax.Array):
+        """One gradient step on a batch drawn from `buffer` (whose priorities are the learner's)."""
+        key, sample_key, noise_key = jax.random.split(learner.key, 3)
+        if args.prioritized:
+            buffer = buffer.replace(priority=learner.priority, max_priority=learner.max_priority)
         alpha = args.per_alpha if args.prioritized else None
-        sample = buffers.sample(state.buffer, sample_key, args.batch_size, args.n_step, alpha)
-        beta = linear_schedule(args.per_beta0, args.per_beta1, total, state.env_steps)
+        sample = buffers.sample(buffer, sample_key, args.batch_size, args.n_step, alpha)
         grads, (priority, stats) = jax.grad(loss_fn, has_aux=True)(
-            state.params, state.target_params, sample, beta, noise_key
+            learner.params, target_params, sample, beta, noise_key
         )
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        buffer = state.buffer
+        updates, opt_state = optimizer.update(grads, learner.opt_state, learner.params)
+        learner = learner._replace(
+            params=optax.apply_updates(learner.params, updates), opt_state=opt_state, key=key,
+            gradient_steps=learner.gradient_steps + 1,
+        )
         if args.prioritized:
             buffer = buffers.set_priorities(buffer, sample.rows, sample.envs, jax.lax.stop_gradient(priority) + args.per_eps)
-        state = state.replace(
-            params=optax.apply_updates(state.params, updates), opt_state=opt_state, buffer=buffer, key=key,
-            gradient_steps=state.gradient_steps + 1,
-        )
-        return state, stats
+            learner = learner._replace(priority=buffer.priority, max_priority=buffer.max_priority)
+        return learner, stats
 
     def phase(state: RunnerState, _):
         """train_frequency env steps, then gradient_steps updates once learning has started,
         then the target update if its period ended during this phase."""
         state, episode_info = jax.lax.scan(act, state, None, vector_steps)
         learning = (state.env_steps >= args.learning_starts) & buffers.can_sample(state.buffer, args.n_step)
+        beta = linear_schedule(args.per_beta0, args.per_beta1, total, state.env_steps)
+        # The lax.cond carries only what learning changes, never the replay data or the
+        # target network: under vmap (several seeds) the cond becomes a select of both
+        # branches' outputs, which would otherwise copy the whole buffer every phase.
+        learner = Learner(
+            state.params, state.opt_state, state.key, state.gradient_steps,
+            state.buffer.priority if args.prioritized else None, state.buffer.max_priority if args.prioritized else None,
+        )
 
-        def do_learn(state):
-            return jax.lax.scan(learn, state, None, args.gradient_steps)
+        def do_learn(learner):
+            return jax.lax.scan(lambda c, x: learn(c, x, state.buffer, state.target_params, beta), learner, None, args.gradient_steps)
 
-        def skip(state):
-            shapes = jax.eval_shape(do_learn, state)[1]
-            return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
+        def skip(learner):
+            shapes = jax.eval_shape(do_learn, learner)[1]
+            return learner, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
 
-        state, stats = jax.lax.cond(learning, do_learn, skip, state)
+        learner, stats = jax.lax.cond(learning, do_learn, skip, learner)
+        buffer = state.buffer
+        if args.prioritized:
+            buffer = buffer.replace(priority=learner.priority, max_priority=learner.max_priority)
         period_ended = state.env_steps // args.target_update_period > (state.env_steps - args.train_frequency) // args.target_update_period
         update_target = learning & period_ended
-        target = jax.tree.map(
-            lambda t, p: jnp.where(update_target, args.tau * p + (1 - args.tau) * t, t), state.target_params, state.params
+        if args.tau == 1.0:  # a hard copy
+            mix = lambda t, p: p
+        else:
+            mix = lambda t, p: args.tau * p + (1 - args.tau) * t
+        target = jax.tree.map(lambda t, p: jnp.where(update_target, mix(t, p), t), state.target_params, learner.params)
+        state = state.replace(
+            params=learner.params, target_params=target, opt_state=learner.opt_state, key=learner.key,
+            gradient_steps=learner.gradient_steps, buffer=buffer,
         )
-        return state.replace(target_params=target), (episode_info, stats)
+        return state, (episode_info, stats)
 
     def update(state: RunnerState):
         """`steps_per_update` env steps per seed with the learning they trigger; metrics are
@@ -545,6 +596,14 @@ def make_train(args: Args) -> Rainbow:
             "gradient_steps": state.gradient_steps.astype(jnp.float32),
             "buffer_size": (state.buffer.size * args.num_envs).astype(jnp.float32),
         }
+        if args.noisy:  # how much the learned noise still explores (it replaces epsilon)
+            metrics["noise_scale"] = nnx.merge(graphdef, state.params).noise_scale()
+            # Fraction of 16 noise draws x num_envs current observations whose noisy greedy
+            # action differs from the mean network's: the noise's effective epsilon. Its key
+            # is folded off the state key, which it does not advance.
+            draws = jax.random.split(jax.random.fold_in(state.key, 1), 16)
+            noisy_actions = jax.vmap(lambda k: greedy_actions(q_values(state.params, state.obs, k)))(draws)
+            metrics["noisy_action_changes"] = jnp.mean(noisy_actions != greedy_actions(q_values(state.params, state.obs)))
         return state, metrics
 
     def train(key: jax.Array):

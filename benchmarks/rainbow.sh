@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every Rainbow / DQN-family number and curve in docs/rainbow.md comes from this script.
 #   bash benchmarks/rainbow.sh [cartpole|tuning|ablation|minatar|timing|all]
+#   PRESETS="noisy rllib-rainbow" bash benchmarks/rainbow.sh cartpole   # a subset of the presets
 # Runs go to benchmarks/out/rainbow/, curves to docs/img/, and
 #   python benchmarks/summarize.py benchmarks/out/rainbow/<group>/*
 # prints the results tables. Timing needs PureJaxRL's dqn.py and a harness that
@@ -19,13 +20,15 @@ run() {  # group, name, flags...
 }
 
 if [[ $what == cartpole || $what == all ]]; then
-  for preset in dqn double dueling per noisy c51 rainbow rllib-dqn rllib-rainbow; do
+  for preset in ${PRESETS:-dqn double dueling per noisy c51 rainbow rllib-dqn rllib-rainbow}; do
     run cartpole "$preset" --preset "$preset"
   done
+  if [[ -z ${PRESETS:-} ]]; then  # the plots need every preset's runs
   $PY -m common.plot $OUT/cartpole/{dqn,double,dueling,per,noisy,c51,rainbow}/* --out docs/img/rainbow_cartpole.png \
     --title "DQN family on CartPole-v1, $SEEDS seeds each" --smooth 5
   $PY -m common.plot $OUT/cartpole/{rllib-dqn,rllib-rainbow,rainbow}/* --out docs/img/rainbow_rllib.png \
     --title "RLlib 2.40 configurations vs this file's rainbow preset" --smooth 5
+  fi
 fi
 if [[ $what == tuning ]]; then  # the 8-seed runs behind the per / noisy presets (docs/rainbow.md)
   SEEDS=8

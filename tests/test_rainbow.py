@@ -74,7 +74,11 @@ def test_smoke_two_seeds(tiny_run):
     assert result.metrics["loss"].shape == (2, args.num_updates)
     assert np.isfinite(result.metrics["loss"][:, -1]).all()
     assert np.isnan(result.metrics["loss"][:, 0]).all()  # learning starts after learning_starts steps
-    assert (result.metrics["gradient_steps"][:, -1] > 0).all()
+    # Args.num_gradient_steps (the --anneal-lr horizon) counts the gradient steps the run takes.
+    np.testing.assert_array_equal(result.metrics["gradient_steps"][:, -1], args.num_gradient_steps)
+    # Noisy nets log their noise: sigma0 before learning starts, and how often it changes the greedy action.
+    np.testing.assert_allclose(result.metrics["noise_scale"][:, 0], args.sigma0, rtol=1e-6)
+    assert ((result.metrics["noisy_action_changes"] >= 0) & (result.metrics["noisy_action_changes"] <= 1)).all()
     assert len(logger.read_metrics(result.run_dir)["update"]) == 2 * args.num_updates
     assert checkpoint.latest_update(result.run_dir) == args.num_updates
 
