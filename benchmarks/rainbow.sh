@@ -39,6 +39,9 @@ if [[ $what == tuning ]]; then  # the 8-seed runs behind the per / noisy presets
   run tuning noisy-sigma-0.1 --preset noisy --sigma0 0.1
   run tuning noisy-sigma-0.25-lr-5e-4 --preset noisy --sigma0 0.25 --learning-rate 5e-4
   run tuning noisy-clip10 --preset noisy --max-grad-norm 10
+  run tuning noisy --preset noisy  # the preset itself over 8 seeds (its noise metrics: docs/rainbow.md)
+  run tuning noisy-anneal-lr --preset noisy --anneal-lr
+  run tuning noisy-buffer-50k --preset noisy --buffer-size 50000
 fi
 if [[ $what == ablation || $what == all ]]; then
   run ablation rainbow --preset rainbow
@@ -58,10 +61,12 @@ if [[ $what == minatar || $what == all ]]; then
 fi
 if [[ $what == timing || $what == all ]]; then
   : "${PUREJAXRL_DQN:?set PUREJAXRL_DQN to the command that runs the PureJaxRL dqn.py; it gets the seed count appended}"
-  $PY benchmarks/time_commands.py --repeats 5 --out "$OUT/timing_1seed.json" \
-    --cmd jaxzoo "$PY $PWD/algos/rainbow.py --preset dqn --no-compile-cache --run-root /tmp/jaxzoo-timing" \
-    --cmd purejaxrl "$PUREJAXRL_DQN 1"
-  $PY benchmarks/time_commands.py --repeats 3 --out "$OUT/timing_8seeds.json" \
-    --cmd jaxzoo "$PY $PWD/algos/rainbow.py --preset dqn --num-seeds 8 --no-compile-cache --run-root /tmp/jaxzoo-timing" \
-    --cmd purejaxrl "$PUREJAXRL_DQN 8"
+  # TIMING_SEEDS picks the comparisons (default both), REPEATS overrides the repeats (5 for 1 seed, 3 for 8).
+  for seeds in ${TIMING_SEEDS:-1 8}; do
+    repeats=${REPEATS:-$([[ $seeds == 1 ]] && echo 5 || echo 3)}
+    name=$([[ $seeds == 1 ]] && echo 1seed || echo "${seeds}seeds")
+    $PY benchmarks/time_commands.py --repeats "$repeats" --out "$OUT/timing_$name.json" \
+      --cmd jaxzoo "$PY $PWD/algos/rainbow.py --preset dqn --num-seeds $seeds --no-compile-cache --run-root /tmp/jaxzoo-timing" \
+      --cmd purejaxrl "$PUREJAXRL_DQN $seeds"
+  done
 fi
