@@ -42,6 +42,8 @@ if [[ $what == tuning ]]; then  # the 8-seed runs behind the per / noisy presets
   run tuning noisy --preset noisy  # the preset itself over 8 seeds (its noise metrics: docs/rainbow.md)
   run tuning noisy-anneal-lr --preset noisy --anneal-lr
   run tuning noisy-buffer-50k --preset noisy --buffer-size 50000
+  $PY -m common.plot $OUT/tuning/{noisy,noisy-buffer-50k,noisy-anneal-lr}/* --out docs/img/rainbow_noisy.png \
+    --title "noisy preset variants on CartPole-v1, 8 seeds each" --smooth 5
 fi
 if [[ $what == ablation || $what == all ]]; then
   run ablation rainbow --preset rainbow
