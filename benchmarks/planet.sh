@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every PlaNet number and figure in docs/planet.md comes from this script.
-#   bash benchmarks/planet.sh [cpu|cpu-resume|video|cost|paper-smoke|all]
+#   bash benchmarks/planet.sh [cpu|cpu-resume|plots|video|cost|paper-smoke|all]
 # cpu: the `cpu` preset on pixel Pendulum-v1 over $SEEDS seeds (vmapped in one
 # process), evaluated (planner, no noise) every 8 episodes; learning curves.
 # video: open-loop predictions against the real frames from the cpu run's final
@@ -23,11 +23,11 @@ fi
 if [[ $what == cpu-resume ]]; then  # continue a killed cpu run from its last checkpoint (every 4 episodes)
   $PY algos/planet.py --resume "$(ls -d $OUT/cpu/*/ | head -1)"
 fi
-if [[ $what == cpu || $what == cpu-resume || $what == all ]]; then
+if [[ $what == cpu || $what == cpu-resume || $what == plots || $what == all ]]; then  # plots: of the run so far
   $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu.png --smooth 3 \
     --title "PlaNet (cpu preset) on pixel Pendulum-v1, $SEEDS seeds"
   $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu_eval.png --metric eval_return \
-    --title "PlaNet (cpu preset), $SEEDS seeds: planner without exploration noise during training"
+    --title "PlaNet (cpu preset), $SEEDS seeds: evaluation without exploration noise"
   $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu_losses.png --metric observation_loss \
     --title "PlaNet (cpu preset): image reconstruction loss"
 fi
