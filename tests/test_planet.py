@@ -25,7 +25,7 @@ def tiny(tmp_path, **overrides) -> planet.Args:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    args = tiny(tmp_path_factory.mktemp("runs"), num_seeds=2)
+    args = tiny(tmp_path_factory.mktemp("runs"), num_seeds=2, eval_every=2)
     return args, planet.main(args)
 
 
@@ -40,6 +40,10 @@ def test_smoke_two_seeds(tiny_run):
     np.testing.assert_array_equal(result.metrics["model_updates"][0], [2, 4, 6, 8])
     assert not np.array_equal(result.metrics["episode_return"][0], result.metrics["episode_return"][1])  # two seeds
     assert result.eval_returns.shape == (2, args.eval_episodes) and np.isfinite(result.eval_returns).all()
+    # --eval-every 2: an evaluation after updates 2 and 4, the last one the final evaluation
+    evaluated = np.isfinite(result.metrics["eval_return"])
+    np.testing.assert_array_equal(evaluated, [[False, True, False, True]] * 2)
+    np.testing.assert_allclose(result.metrics["eval_return"][:, -1], result.eval_returns.mean(1), rtol=1e-6)
     saved = json.loads((Path(result.run_dir) / "eval.json").read_text())
     assert saved["chunk_traces"] == 1 and np.isfinite(saved["mean"])
     assert len(logger.read_metrics(result.run_dir)["update"]) == 2 * 4
