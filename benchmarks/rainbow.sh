@@ -29,6 +29,10 @@ if [[ $what == cartpole || $what == all ]]; then
   $PY -m common.plot $OUT/cartpole/{rllib-dqn,rllib-rainbow,rainbow}/* --out docs/img/rainbow_rllib.png \
     --title "RLlib 2.40 configurations vs this file's rainbow preset" --smooth 5
   fi
+  if [[ -d $OUT/cartpole/rllib-rainbow ]]; then
+    $PY -m common.plot $OUT/cartpole/rllib-rainbow/* --out docs/img/rainbow_rllib_rainbow.png \
+      --title "rllib-rainbow on CartPole-v1, $SEEDS seeds" --smooth 5
+  fi
 fi
 if [[ $what == tuning ]]; then  # the 8-seed runs behind the per / noisy presets (docs/rainbow.md)
   SEEDS=8
