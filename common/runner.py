@@ -101,6 +101,9 @@ def init_seeds(init: Callable, seeds: jax.Array):
 # For programs that run once: compile time matters more than run time.
 RUN_ONCE = {"xla_backend_optimization_level": 0}
 
+# Columns read from the host clock: they differ between two runs of the same seed.
+CLOCK_COLUMNS = ("steps_per_second", "wall_seconds")
+
 
 def run(
     args,

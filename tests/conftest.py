@@ -20,6 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests run from a clone even before `pip install -e .`
 
 
+def pytest_collection_modifyitems(items):
+    """Group each module's tests on one pytest-xdist worker (`--dist loadgroup`
+    in pyproject.toml), so a module-scoped fixture runs once; the notebook
+    tests share nothing and go to whichever worker is free."""
+    for item in items:
+        if item.module.__name__ != "test_notebooks":
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _compile_cache(tmp_path_factory):
     os.environ["JAXZOO_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax-cache"))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from algos import ppo
-from common import checkpoint, cli, logger
+from common import checkpoint, cli, logger, runner
 from conftest import ROOT, assert_killed_run_resumes_exactly
 
 
@@ -59,7 +59,7 @@ def test_same_seed_gives_identical_metrics(two_seed_run, tmp_path):
     args, first = two_seed_run
     second = ppo.main(dataclasses.replace(args, run_root=str(tmp_path)))
     for name, values in first.metrics.items():
-        if name != "steps_per_second":
+        if name not in runner.CLOCK_COLUMNS:
             np.testing.assert_array_equal(values, second.metrics[name], err_msg=name)
     # Seed index 1 of a two-seed run is the run of seed 1 alone.
     alone = ppo.main(dataclasses.replace(args, run_root=str(tmp_path), seed=1, num_seeds=1))
@@ -151,11 +151,19 @@ def test_train_is_vmappable_over_seeds_and_hyperparameters(tmp_path):
 
 def test_cartpole_learns(tmp_path):
     """The `cartpole` preset (PureJaxRL's settings) solves CartPole-v1: the
-    greedy policy of each of 2 seeds averages >= 475 after 500k steps."""
-    args = dataclasses.replace(cli.preset_args(ppo.Args, "ppo", "cartpole"), run_root=str(tmp_path), num_seeds=2,
-                               log_every=50, save_model=False)
-    result = ppo.main(args)
-    assert result.eval_returns.mean(axis=1).min() >= 475, result.eval_returns.mean(axis=1)
+    greedy policy of each of 2 seeds averages >= 475 after 500k steps. Run as
+    the CLI in a process of its own compiled with XLA's optimisations (the
+    suite turns them off): 500k steps run ~4x faster that way."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "algos" / "ppo.py"), "--preset", "cartpole", "--num-seeds", "2",
+         "--log-every", "50", "--no-save-model", "--run-root", str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path, env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    (run_dir,) = tmp_path.iterdir()
+    returns = np.asarray(json.loads((run_dir / "eval.json").read_text())["returns"])
+    assert returns.shape[0] == 2 and returns.mean(axis=1).min() >= 475, returns.mean(axis=1)
 
 
 @pytest.mark.parametrize("seeding", ["init_seeds"])
