@@ -51,7 +51,6 @@ if [[ $what == ablations || $what == all ]]; then  # the cartpole-v0 preset with
   ablate no-target-kl --target-kl 0
   ablate lr-1e-4 --learning-rate 1e-4
   ablate pr498-minibatch --num-minibatches 3  # 26 windows = 130 transitions, about PR 498's 128
-  ablate seed-schedule --update-epochs 0      # 100 draws of 256 windows with replacement, as the seed
 fi
 if [[ $what == breakout || $what == all ]]; then
   rm -rf "$OUT/breakout-minatar" "$OUT/ppo-breakout-minatar"

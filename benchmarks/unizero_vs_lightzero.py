@@ -1,0 +1,94 @@
+"""Evaluation return against env steps and against wall time: our UniZero
+(a run logged with `--eval-every`) beside LightZero's UniZero
+(docs/data/lightzero_unizero_cartpole_v0.csv, from benchmarks/lightzero_unizero.sh).
+One line per seed, since LightZero's seeds stop at different env steps.
+
+    python benchmarks/unizero_vs_lightzero.py benchmarks/out/unizero/cartpole-v0/* \
+        --out docs/img/unizero_vs_lightzero_cartpole_v0.png
+
+Our wall time is the training loop's (`wall_seconds`, evaluations included,
+compile excluded); LightZero's is its process's from the start of training,
+evaluations included. Both lines also print, per seed, the env steps and
+seconds at which the evaluation first reached `--reach` (default 195).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from common import logger
+
+
+def ours(run_dir: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per seed: env steps, training-loop seconds and evaluation return at each evaluation."""
+    rows = logger.read_metrics(run_dir)
+    if "eval_return" not in rows:
+        raise ValueError(f"{run_dir}: no eval_return column; run it with --eval-every N")
+    out = []
+    for seed in np.unique(rows["seed"]):
+        at = (rows["seed"] == seed) & ~np.isnan(rows["eval_return"])
+        order = np.argsort(rows["global_step"][at])
+        out.append(tuple(rows[name][at][order] for name in ("global_step", "wall_seconds", "eval_return")))
+    return out
+
+
+def lightzero(csv_path: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    rows: dict[int, list[tuple[float, float, float]]] = {}
+    with open(csv_path) as f:
+        for row in csv.DictReader(f):
+            rows.setdefault(int(row["seed"]), []).append(
+                (float(row["env_steps"]), float(row["wall_seconds"]), float(row["eval_return"])))
+    return [tuple(np.array(column) for column in zip(*rows[seed])) for seed in sorted(rows)]
+
+
+def first_reach(curves, target: float) -> list[str]:
+    cells = []
+    for steps, seconds, returns in curves:
+        hit = np.flatnonzero(returns >= target)
+        cells.append(f"{steps[hit[0]]:,.0f} steps, {seconds[hit[0]]:,.0f} s" if hit.size
+                     else f"not reached by {steps[-1]:,.0f} steps, {seconds[-1]:,.0f} s")
+    return cells
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path, help="a jaxzoo UniZero run logged with --eval-every")
+    parser.add_argument("--lightzero", type=Path, default=Path("docs/data/lightzero_unizero_cartpole_v0.csv"))
+    parser.add_argument("--reach", type=float, default=195.0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sides = {"jaxzoo UniZero (4 seeds vmapped in one process)": (ours(args.run_dir), "tab:blue"),
+             "LightZero UniZero (one process per seed)": (lightzero(args.lightzero), "tab:orange")}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, (curves, color) in sides.items():
+        print(f"{label}: first evaluation >= {args.reach:g}:")
+        for seed, cell in enumerate(first_reach(curves, args.reach)):
+            print(f"  seed {seed}: {cell}")
+        for i, (steps, seconds, returns) in enumerate(curves):
+            axes[0].plot(steps, returns, color=color, alpha=0.8, label=label if i == 0 else None)
+            axes[1].plot(seconds, returns, color=color, alpha=0.8, label=label if i == 0 else None)
+    for axis, xlabel in zip(axes, ("env steps", "wall seconds (training loop / process)")):
+        axis.axhline(args.reach, color="gray", linestyle=":", linewidth=1)
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel("greedy evaluation return")
+        axis.grid(alpha=0.3)
+    axes[1].set_xscale("log")
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle("UniZero on CartPole-v0: evaluation return, one line per seed")
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
