@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|search-cost|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|search-cost|vs-lightzero|all]
 # SEEDS (default 4) sets the seed count of the learning curves. The CartPole runs
 # evaluate greedily during training (--eval-every): env steps and training-loop
 # seconds to an evaluation return of 195 / 475 by
@@ -41,6 +41,13 @@ if [[ $what == breakout || $what == all ]]; then
     --run-root "$OUT/ppo-breakout-minatar" --exp-name ppo-minatar
   $PY -m common.plot $OUT/breakout-minatar/* $OUT/ppo-breakout-minatar/* --out docs/img/unizero_vs_ppo_breakout.png \
     --title "Breakout-MinAtar, $SEEDS seeds: UniZero vs PPO at equal env steps"
+fi
+if [[ $what == vs-lightzero || $what == all ]]; then
+  # Against LightZero's UniZero (its side: benchmarks/lightzero_unizero.sh -> docs/data/). The docs' run: SEEDS=2.
+  # Evaluating every 10 updates (2,000 env steps) keeps the evaluations' search cost small.
+  rm -rf "$OUT/vs-lightzero"
+  $PY algos/unizero.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/vs-lightzero" --eval-every 10
+  $PY benchmarks/unizero_vs_lightzero.py $OUT/vs-lightzero/* --out docs/img/unizero_vs_lightzero_cartpole_v0.png
 fi
 if [[ $what == search-cost || $what == all ]]; then
   $PY benchmarks/unizero_search_cost.py --out "$OUT/search_cost.json"

@@ -5,7 +5,7 @@
 # Breakout-MinAtar budget per seed. Runs go to benchmarks/out/unizero_ppo/, and
 #   python benchmarks/summarize.py benchmarks/out/unizero_ppo/<group>/*
 # prints the results table (final return, greedy evaluation, compile and loop time).
-# The UniZero (MCTS) curve of the CartPole-v0 plot comes from `bash benchmarks/unizero.sh cartpole-v0`
+# The UniZero (MCTS) curve of the CartPole-v0 plot comes from `SEEDS=2 bash benchmarks/unizero.sh vs-lightzero`
 # (run it first; without it the plot has three curves).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,11 +32,11 @@ if [[ $what == cartpole-v0 || $what == all ]]; then  # the seed's CartPole-v0: 2
     --run-root "$OUT/ppo-cartpole-v0" --exp-name ppo-v0
   runs=($OUT/cartpole-v0/* $OUT/seed/* $OUT/ppo-cartpole-v0/*)
   labels=("UniZero-PPO (cartpole-v0)" "UniZero-PPO (seed settings)" PPO)
-  if compgen -G "benchmarks/out/unizero/cartpole-v0/*" > /dev/null; then
-    runs+=(benchmarks/out/unizero/cartpole-v0/*); labels+=("UniZero (MCTS, 16 sims)")
+  if compgen -G "benchmarks/out/unizero/vs-lightzero/*/eval.json" > /dev/null; then
+    runs+=(benchmarks/out/unizero/vs-lightzero/*); labels+=("UniZero (MCTS, 16 sims)")
   fi
   $PY -m common.plot "${runs[@]}" --labels "${labels[@]}" --out docs/img/unizero_ppo_cartpole_v0.png --smooth 3 \
-    --title "CartPole-v0 (200-step cap), $SEEDS seeds each, 20k env steps"
+    --title "CartPole-v0 (200-step cap), 20k env steps per seed"
 fi
 if [[ $what == ablations || $what == all ]]; then  # the cartpole-v0 preset with one setting changed at a time
   ablate() {  # name, flags...

@@ -66,7 +66,8 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sides = {"jaxzoo UniZero (4 seeds vmapped in one process)": (ours(args.run_dir), "tab:blue"),
+    our_curves = ours(args.run_dir)
+    sides = {f"jaxzoo UniZero ({len(our_curves)} seeds vmapped in one process)": (our_curves, "tab:blue"),
              "LightZero UniZero (one process per seed)": (lightzero(args.lightzero), "tab:orange")}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, (curves, color) in sides.items():
