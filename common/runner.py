@@ -128,7 +128,8 @@ def run(
     goes to the `eval_return` column on the row of the chunk's last update
     (NaN on the other rows). The training trajectory is the same with or
     without it. Every row also has `wall_seconds`, the training loop's time
-    when its chunk's metrics reached the host.
+    when its chunk's metrics reached the host (counted from this process's
+    start of the loop: it starts again from 0 in a resumed run).
     """
     if eval_every < 0:
         raise ValueError(f"eval_every must be >= 0 (0: evaluate only at the end), got {eval_every}")
