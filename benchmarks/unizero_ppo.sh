@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero-PPO number and curve in docs/unizero_ppo.md comes from this script.
-#   bash benchmarks/unizero_ppo.sh [cartpole|cartpole-v0|ablations|breakout|all]
+#   bash benchmarks/unizero_ppo.sh [cartpole|cartpole-v0|ablations|breakout|speed|all]
 # SEEDS (default 4) sets the seed count; BREAKOUT_STEPS (default 500000) the
 # Breakout-MinAtar budget per seed. Runs go to benchmarks/out/unizero_ppo/, and
 #   python benchmarks/summarize.py benchmarks/out/unizero_ppo/<group>/*
@@ -61,4 +61,11 @@ if [[ $what == breakout || $what == all ]]; then
   $PY -m common.plot $OUT/breakout-minatar/* $OUT/ppo-breakout-minatar/* --labels UniZero-PPO PPO \
     --out docs/img/unizero_ppo_vs_ppo_breakout.png \
     --title "Breakout-MinAtar, $SEEDS seeds: UniZero-PPO vs PPO at equal env steps"
+fi
+if [[ $what == speed || $what == all ]]; then  # each file alone, 1 seed, CartPole-v1: run nothing else meanwhile
+  rm -rf "$OUT/speed"
+  time $PY algos/unizero_ppo.py --run-root "$OUT/speed/unizero_ppo"
+  time $PY algos/ppo.py --preset cartpole --total-timesteps 100000 --run-root "$OUT/speed/ppo"
+  time $PY algos/unizero.py --preset cartpole --total-timesteps 4000 --run-root "$OUT/speed/unizero"
+  $PY benchmarks/summarize.py $OUT/speed/*/*  # compile and training-loop seconds; ms per env step = loop / steps
 fi

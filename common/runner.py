@@ -128,8 +128,8 @@ def run(
     goes to the `eval_return` column on the row of the chunk's last update
     (NaN on the other rows). The training trajectory is the same with or
     without it. Every row also has `wall_seconds`, the training loop's time
-    when its chunk's metrics reached the host (counted from this process's
-    start of the loop: it starts again from 0 in a resumed run).
+    when its chunk's metrics reached the host; a resumed run continues the
+    clock from the row of the update it resumes at.
     """
     if eval_every < 0:
         raise ValueError(f"eval_every must be >= 0 (0: evaluate only at the end), got {eval_every}")
@@ -141,9 +141,13 @@ def run(
     abstract_state = init_lowered.out_info
     background = ThreadPoolExecutor(max_workers=1)
     updates_done = 0
+    clock_before_resume = 0.0  # training-loop seconds already spent on the updates a resumed run keeps
     if args.resume is not None:
         state, updates_done = checkpoint.restore(args.resume, abstract_state)
         state = jax.device_put(state)
+        kept = logger.read_metrics(args.resume)
+        if "wall_seconds" in kept and (kept["update"] == updates_done).any():
+            clock_before_resume = float(kept["wall_seconds"][kept["update"] == updates_done].max())
     else:
         init_compiled = background.submit(init_lowered.compile)  # XLA compiles `init` while Python traces the chunk
     run_chunk = jax.jit(over_seeds(chunk, args.num_seeds, (0, None)), donate_argnums=0)
@@ -182,7 +186,7 @@ def run(
         elapsed, clock["last"] = now - clock["last"], now
         update_index = np.arange(first_update + 1, first_update + count + 1)
         metrics["steps_per_second"] = np.full((args.num_seeds, count), count * steps_per_update * args.num_seeds / elapsed)
-        metrics["wall_seconds"] = np.full((args.num_seeds, count), now - start)
+        metrics["wall_seconds"] = np.full((args.num_seeds, count), clock_before_resume + now - start)
         if eval_every:
             metrics["eval_return"] = np.full((args.num_seeds, count), np.nan)
             if evaluation is not None:

@@ -153,7 +153,7 @@ def test_cartpole_learns(tmp_path):
     """The `cartpole` preset (PureJaxRL's settings) solves CartPole-v1: the
     greedy policy of each of 2 seeds averages >= 475 after 500k steps. Run as
     the CLI in a process of its own compiled with XLA's optimisations (the
-    suite turns them off): 500k steps run ~4x faster that way."""
+    suite turns them off): 33 s instead of 54 s on 2 cores."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run(
         [sys.executable, str(ROOT / "algos" / "ppo.py"), "--preset", "cartpole", "--num-seeds", "2",

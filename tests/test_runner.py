@@ -1,5 +1,7 @@
-"""common/runner.py on a toy algorithm: evaluation during training."""
+"""common/runner.py on a toy algorithm: evaluation during training, the clock column."""
 
+import dataclasses
+import time
 from dataclasses import dataclass
 
 import jax
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 
 from common import logger, runner
+from conftest import Killed
 
 
 @dataclass(frozen=True)
@@ -75,3 +78,35 @@ def test_eval_every_leaves_training_unchanged(tmp_path):
 def test_negative_eval_every_is_refused(tmp_path):
     with pytest.raises(ValueError, match="eval_every must be >= 0"):
         run_toy(tmp_path, eval_every=-1)
+
+
+def test_a_resumed_run_continues_the_clock(tmp_path, monkeypatch):
+    """`wall_seconds` after a resume continues from the row of the update the
+    run resumes at, so it counts the training loop of the whole run."""
+    init, update, evaluate = toy_algorithm()
+    args = ToyArgs(run_root=str(tmp_path), save_model=True, checkpoint_every=2)
+    original_log = logger.Run.log
+
+    def slow_then_die(self, update_index, global_step, metrics):
+        original_log(self, update_index, global_step, metrics)
+        if update_index[-1] == 2:
+            time.sleep(0.3)  # the chunk of updates 3-4 reaches the host >= 0.3 s into the loop
+        if update_index[-1] == 6:
+            raise Killed()  # after the checkpoint at 4, before the one at 6
+
+    monkeypatch.setattr(logger.Run, "log", slow_then_die)
+    with pytest.raises(Killed):
+        runner.run(args, init, update, evaluate, num_updates=8, steps_per_update=10)
+    monkeypatch.setattr(logger.Run, "log", original_log)
+    (run_dir,) = tmp_path.iterdir()
+    killed = logger.read_metrics(run_dir)
+    clock_at_4 = killed["wall_seconds"][killed["update"] == 4].max()
+    assert clock_at_4 >= 0.3
+
+    runner.run(dataclasses.replace(args, resume=str(run_dir)), init, update, evaluate, num_updates=8,
+               steps_per_update=10)
+    rows = logger.read_metrics(run_dir)
+    mine = rows["seed_index"] == 0
+    assert list(rows["update"][mine]) == list(range(1, 9))
+    clock = rows["wall_seconds"][mine]
+    assert np.all(np.diff(clock) >= 0) and clock[4:].min() >= clock_at_4
