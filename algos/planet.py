@@ -28,6 +28,7 @@ Details, logged metrics and measured results: docs/planet.md.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -39,7 +40,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from common import buffers, cli, envs, pixels, runner
+from common import buffers, cli, dmc, envs, pixels, runner
 from common.layers import StridedConv, StridedConvTranspose
 
 
@@ -55,9 +56,10 @@ class Args:
     seed: int = 0
     """seed of the first run; seed index i uses seed + i"""
     num_seeds: int = 1
-    """independent seeds trained at once with `jax.vmap`"""
+    """independent seeds trained at once with `jax.vmap` (DeepMind Control tasks: 1)"""
     env_id: str = "Pendulum-v1"
-    """gymnax environment id with a pixel renderer in common/pixels.py (continuous actions only)"""
+    """gymnax environment id with a pixel renderer in common/pixels.py (continuous actions only), or a DeepMind
+    Control task 'dmc:<domain>-<task>' stepped on the host (optional extra: pip install -e '.[dmc]'; one seed)"""
     total_timesteps: int = 100_000
     """environment steps per seed collected by the planner (the random seed episodes come on top)"""
     log_every: int = 5
@@ -159,6 +161,11 @@ class Args:
             raise ValueError("overshooting_kl_beta must be >= 0 and overshooting_distance >= 1")
         if self.chunk_size < 2:
             raise ValueError(f"chunk_size must be >= 2, got {self.chunk_size}")
+        if dmc.is_dmc(self.env_id):
+            dmc.parse(self.env_id)
+            if self.num_seeds != 1:
+                raise ValueError(f"{self.env_id} is stepped on the host, one seed per process: num_seeds must be 1, "
+                                 f"got {self.num_seeds}")
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -171,7 +178,7 @@ class Args:
     @property
     def episode_steps(self) -> int:
         """Agent steps (planned actions) per episode: the env's time limit / action_repeat, rounded up."""
-        return math.ceil(envs.spec(*envs.make(self.env_id)).max_episode_steps / self.action_repeat)
+        return math.ceil(env_spec(self.env_id).max_episode_steps / self.action_repeat)
 
     @property
     def steps_per_update(self) -> int:
@@ -539,16 +546,28 @@ class PlaNet(NamedTuple):
     graphdef: Any  # nnx.GraphDef of WorldModel
 
 
+@functools.cache
+def env_spec(env_id: str) -> envs.EnvSpec:
+    """Action space and time limit of a gymnax env or a DeepMind Control task (built once, on the host)."""
+    return dmc.spec(env_id) if dmc.is_dmc(env_id) else envs.spec(*envs.make(env_id))
+
+
 def make_train(args: Args) -> PlaNet:
-    spec = envs.spec(*envs.make(args.env_id))
+    spec = env_spec(args.env_id)
     if spec.discrete:
         raise ValueError(
             f"{args.env_id} has a discrete action space; PlaNet plans continuous actions with CEM, so it "
             "requires a continuous (Box) action space, e.g. Pendulum-v1"
         )
-    make_pixels = lambda n: pixels.make(args.env_id, n, size=args.image_size, grayscale=args.grayscale)
-    env, env_params = make_pixels(1)
-    eval_env, _ = make_pixels(args.eval_episodes)
+    on_host = dmc.is_dmc(args.env_id)
+    if on_host:  # MuJoCo stepped and rendered in Python through io_callback, the action repeat done there
+        make_pixels = lambda n, role: dmc.make(args.env_id, n, size=args.image_size, grayscale=args.grayscale,  # noqa: E731
+                                               action_repeat=args.action_repeat, seed=args.seed, role=role)
+    else:
+        make_pixels = lambda n, role: pixels.make(args.env_id, n, size=args.image_size, grayscale=args.grayscale)  # noqa: E731
+    env, env_params = make_pixels(1, 0)
+    eval_env, _ = make_pixels(args.eval_episodes, 1)
+    substeps = 1 if on_host else args.action_repeat  # env.step calls per agent step
     action_dim = spec.num_actions
     low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
     slots = args.episode_steps + 1  # rows per episode: its first frame, then one per agent step
@@ -636,7 +655,9 @@ def make_train(args: Args) -> PlaNet:
         choose an action (uniformly random, or planned + Gaussian noise), repeat
         it `action_repeat` times (substeps after an episode end are frozen), and
         record the reached frame; then filter the latent with the recorded row.
-        Returns (agent, (row Step [N], substep info [R, N], predicted return [N]))."""
+        (A host env repeats the action itself: one substep, told which envs are
+        active so a finished one is not stepped.)
+        Returns (agent, (row Step [N], substep info [substeps, N], predicted return [N]))."""
         action_key, noise_key, env_key, obs_key, filter_key = jax.random.split(key, 5)
         n = agent.obs.shape[0]
         if mode == "random":
@@ -650,8 +671,12 @@ def make_train(args: Args) -> PlaNet:
 
         def substep(carry, key):
             env_state, reward, done, reached, next_obs = carry
-            obs, new_state, r, terminated, truncated, info = env.step(key, env_state, env_action, env_params)
             active = ~done
+            if on_host:
+                obs, new_state, r, terminated, truncated, info = env.step(key, env_state, env_action, env_params,
+                                                                          active)
+            else:
+                obs, new_state, r, terminated, truncated, info = env.step(key, env_state, env_action, env_params)
             select = lambda new, old: jnp.where(active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old)
             env_state = jax.tree.map(select, new_state, env_state)
             carry = (env_state, reward + jnp.where(active, r, 0.0), done | (active & (terminated | truncated)),
@@ -663,7 +688,7 @@ def make_train(args: Args) -> PlaNet:
         # A first-frame slot starts "done": no substep is active, the env is not stepped.
         init = (agent.env_state, jnp.zeros(n), agent.need_first, agent.obs, agent.obs)
         (env_state, reward, done, reached, next_obs), stats = jax.lax.scan(
-            substep, init, jax.random.split(env_key, args.action_repeat))
+            substep, init, jax.random.split(env_key, substeps))
         row = Step(obs=quantise(reached), action=jnp.where(agent.need_first[:, None], 0.0, action), reward=reward,
                    first=agent.need_first)
         latent = agent.latent

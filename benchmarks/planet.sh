@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every PlaNet number and figure in docs/planet.md comes from this script.
-#   bash benchmarks/planet.sh [cpu|cpu-resume|plots|video|cost|paper-smoke|all]
+#   bash benchmarks/planet.sh [cpu|cpu-resume|plots|video|cost|paper-smoke|dmc|dmc-resume|all]
 # cpu: the `cpu` preset on pixel Pendulum-v1 over $SEEDS seeds (vmapped in one
 # process), evaluated (planner, no noise) every 8 episodes; learning curves.
 # video: open-loop predictions against the real frames from the cpu run's final
@@ -9,6 +9,10 @@
 # preset's whole loop at its sizes for one iteration, with one model update
 # instead of 100 (seconds per update and per plan on a CPU: see cost), to show
 # it runs end to end; a full paper run is far too slow for a CPU.
+# dmc: DeepMind Control cartpole-swingup through the host-side path (needs the
+# dmc extra: pip install -e '.[dmc]'), the `cpu-cartpole-swingup` preset, one
+# seed per process ($DMC_SEEDS processes one after another), evaluated every 10
+# episodes; not part of `all`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/out/planet
@@ -44,4 +48,17 @@ if [[ $what == paper-smoke || $what == all ]]; then
   rm -rf "$OUT/paper-smoke"
   $PY algos/planet.py --preset paper --total-timesteps 200 --collect-interval 1 --eval-episodes 1 \
     --run-root "$OUT/paper-smoke"
+fi
+if [[ $what == dmc ]]; then
+  rm -rf "$OUT/dmc"
+  for seed in $(seq 0 $((${DMC_SEEDS:-1} - 1))); do
+    $PY algos/planet.py --preset cpu-cartpole-swingup --seed "$seed" --run-root "$OUT/dmc"
+  done
+fi
+if [[ $what == dmc-resume ]]; then  # continue the newest killed dmc run from its last checkpoint
+  $PY algos/planet.py --resume "$(ls -td $OUT/dmc/*/ | head -1)"
+fi
+if [[ $what == dmc || $what == dmc-resume ]]; then
+  $PY -m common.plot $OUT/dmc/* --out docs/img/planet_dmc_cartpole_swingup.png --metric eval_return \
+    --title "PlaNet (cpu-cartpole-swingup preset) on DeepMind Control cartpole-swingup: evaluation"
 fi

@@ -2,11 +2,14 @@
 at episode ends, resume, bad input."""
 
 import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +18,7 @@ import pytest
 from flax import nnx
 
 from algos import planet
-from common import cli, logger
+from common import cli, dmc, logger
 from conftest import ROOT, assert_killed_run_resumes_exactly
 
 
@@ -147,3 +150,120 @@ def test_reward_scale_scales_the_reward_target_and_not_the_logged_return(tmp_pat
     np.testing.assert_allclose(predicted_scaled, predicted_plain / 10.0, rtol=1e-5)
     with pytest.raises(ValueError, match="reward_scale must be > 0"):
         tiny(tmp_path, reward_scale=0.0)
+
+
+# --------------------------------------------------------------------------- #
+# DeepMind Control through the host-side path (common/dmc.py)
+# --------------------------------------------------------------------------- #
+class FakeControlTask:
+    """A stand-in for a dm_control suite env, in numpy, so the host path runs
+    without MuJoCo: a point on a line pushed by the action, reward 1 - |x|,
+    a 30-step time limit (truncation, discount 1), rendered as a bright column."""
+
+    class TimeStep(NamedTuple):
+        reward: float | None
+        discount: float
+        is_last: bool
+
+        def last(self):
+            return self.is_last
+
+    class Physics:
+        _contexts = "fake"  # dmc.DMControlPixels registers an exit hook on a first render otherwise
+
+        def __init__(self, task):
+            self.task = task
+
+        def render(self, height, width, camera_id):
+            image = np.zeros((height, width, 3), np.uint8)
+            image[:, int(np.clip((self.task.x + 1) / 2 * (width - 1), 0, width - 1))] = 255
+            return image
+
+    def __init__(self, seed):
+        self.task = types.SimpleNamespace(random=np.random.RandomState(seed), x=0.0)
+        self.physics = self.Physics(self.task)
+        self._step_limit = 30.0
+        self.steps = 0
+
+    def action_spec(self):
+        return types.SimpleNamespace(shape=(1,), minimum=np.array([-1.0]), maximum=np.array([1.0]))
+
+    def reset(self):
+        self.task.x, self.steps = float(self.task.random.uniform(-1, 1)), 0
+        return self.TimeStep(None, 1.0, False)
+
+    def step(self, action):
+        self.task.x = float(np.clip(self.task.x + 0.2 * float(action[0]), -1, 1))
+        self.steps += 1
+        return self.TimeStep(1.0 - abs(self.task.x), 1.0, self.steps >= self._step_limit)
+
+
+@pytest.fixture
+def fake_dmc(monkeypatch):
+    monkeypatch.setattr(dmc, "load", lambda domain, task, seed: FakeControlTask(seed))
+
+
+def test_host_env_steps_only_active_envs_and_resets_itself(fake_dmc):
+    env, _ = dmc.make("dmc:fake-point", 2, size=8, grayscale=True, action_repeat=4, seed=0)
+    assert env.spec.max_episode_steps == 30 and env.spec.obs_shape == (8, 8, 1) and env.spec.num_actions == 1
+    step = jax.jit(lambda state, action, active: env.step(jax.random.key(0), state, action, None, active))
+    obs, state = jax.jit(lambda: env.reset(jax.random.key(0)))()
+    assert obs.shape == (2, 8, 8, 1)
+    before = [task.task.x for task in env.envs]
+    _, state, reward, *_ = step(state, jnp.ones((2, 1)), jnp.array([True, False]))
+    assert env.envs[0].task.x != before[0] and env.envs[1].task.x == before[1]  # the inactive env did not move
+    np.testing.assert_array_equal(state.t, [1, 0])
+    assert reward[0] > 0 and reward[1] == 0
+    # 30 env steps at action repeat 4: 8 agent steps, the last one 2 env steps long, a truncation
+    for _ in range(7):
+        obs, state, reward, terminated, truncated, info = step(state, jnp.zeros((2, 1)), jnp.array([True, False]))
+    assert bool(truncated[0]) and not bool(terminated[0]) and int(info["episode_length"][0]) == 30
+    np.testing.assert_array_equal(state.episode, [1, 0])
+    np.testing.assert_array_equal(state.t, [0, 0])
+    assert not np.array_equal(obs[0], info["final_observation"][0])  # automatic reset, the final frame kept in info
+    # a new process can rebuild an episode start, never the middle of one
+    fresh, _ = dmc.make("dmc:fake-point", 2, size=8, grayscale=True, action_repeat=4, seed=0)
+    fresh_step = jax.jit(lambda state, action, active: fresh.step(jax.random.key(0), state, action, None, active))
+    fresh_step(state, jnp.zeros((2, 1)), jnp.array([True, False]))  # a zero action leaves the point in place
+    assert fresh.envs[0].task.x == env.envs[0].task.x  # rebuilt at the start of episode 1, from its seed
+    with pytest.raises(Exception, match=r"can only be restored at an episode start"):
+        fresh_step(state.replace(t=jnp.array([3, 0])), jnp.zeros((2, 1)), jnp.array([True, False]))
+
+
+def test_planet_on_a_host_env_trains_and_resumes_exactly(fake_dmc, tmp_path, monkeypatch):
+    """The whole PlaNet loop on a host-stepped task (fake simulator): one trace,
+    30-step episodes as 8 agent steps, and a killed run resumed from its
+    checkpoint rebuilds the host env and ends bit-identical."""
+    args = tiny(tmp_path, env_id="dmc:fake-point", action_repeat=4, total_timesteps=4 * 32, chunk_size=6,
+                checkpoint_every=2)
+    full = planet.main(args)
+    assert full.chunk_traces == 1
+    np.testing.assert_array_equal(full.metrics["episode_length"], [[30] * 4])
+    assert (full.metrics["episode_return"] > 0).all() and np.isfinite(full.eval_returns).all()
+    assert_killed_run_resumes_exactly(planet, args, 4, 2, monkeypatch, full)
+
+
+def test_dmc_input_is_checked(tmp_path, monkeypatch):
+    presets = cli.presets("planet")
+    assert {"paper-cartpole-swingup", "cpu-cartpole-swingup"} <= set(presets)
+    for name in presets:
+        cli.preset_args(planet.Args, "planet", name)  # validation in Args.__post_init__
+    with pytest.raises(ValueError, match=r"'dmc:cartpole' is not a DeepMind Control id.*'dmc:<domain>-<task>'"):
+        tiny(tmp_path, env_id="dmc:cartpole")
+    with pytest.raises(ValueError, match="stepped on the host, one seed per process: num_seeds must be 1, got 2"):
+        tiny(tmp_path, env_id="dmc:cartpole-swingup", num_seeds=2)
+    monkeypatch.setitem(sys.modules, "dm_control", None)  # import dm_control now raises ImportError
+    with pytest.raises(ValueError, match=r"'dmc:cartpole-swingup' needs dm_control.*pip install -e '\.\[dmc\]'"):
+        planet.make_train(tiny(tmp_path, env_id="dmc:cartpole-swingup"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("dm_control") is None,
+                    reason="DeepMind Control needs dm_control (pip install -e '.[dmc]'), not installed here")
+def test_dmc_cartpole_swingup_runs_on_the_host(tmp_path):
+    with pytest.raises(ValueError, match="unknown DeepMind Control task 'dmc:cartpole-flip'; valid ids: .*dmc:cheetah-run"):
+        planet.make_train(tiny(tmp_path, env_id="dmc:cartpole-flip"))
+    result = planet.main(tiny(tmp_path, env_id="dmc:cartpole-swingup", total_timesteps=1000, image_size=32,
+                              grayscale=False))
+    assert result.chunk_traces == 1 and result.eval_returns.shape == (1, 2) and np.isfinite(result.eval_returns).all()
+    np.testing.assert_array_equal(result.metrics["episode_length"], [[1000]])  # the suite's time limit
+    assert result.state.buffer.data.obs.shape[-3:] == (32, 32, 3)
