@@ -55,10 +55,13 @@ if [[ $what == dmc ]]; then
     $PY algos/planet.py --preset cpu-cartpole-swingup --seed "$seed" --run-root "$OUT/dmc"
   done
 fi
+if [[ $what == dmc ]]; then  # the random-action baseline quoted beside it
+  $PY benchmarks/dmc_random.py --task cartpole-swingup --action-repeat 8 --episodes 20
+fi
 if [[ $what == dmc-resume ]]; then  # continue the newest killed dmc run from its last checkpoint
   $PY algos/planet.py --resume "$(ls -td $OUT/dmc/*/ | head -1)"
 fi
 if [[ $what == dmc || $what == dmc-resume ]]; then
-  $PY -m common.plot $OUT/dmc/* --out docs/img/planet_dmc_cartpole_swingup.png --metric eval_return \
-    --title "PlaNet (cpu-cartpole-swingup preset) on DeepMind Control cartpole-swingup: evaluation"
+  $PY -m common.plot $OUT/dmc/* --out docs/img/planet_dmc_cartpole_swingup.png --smooth 3 \
+    --title "PlaNet, cpu-cartpole-swingup preset: training return"
 fi

@@ -90,7 +90,8 @@ class HostThread:
 
     def __init__(self):
         self.requests: queue.Queue = queue.Queue()
-        threading.Thread(target=self.serve, name="dmc-host", daemon=True).start()
+        self.thread: threading.Thread | None = None  # started by the first call
+        self.start_lock = threading.Lock()
 
     def serve(self):
         while True:
@@ -101,6 +102,10 @@ class HostThread:
                 result.set_exception(error)
 
     def call(self, fn, *args):
+        with self.start_lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.serve, name="dmc-host", daemon=True)
+                self.thread.start()
         result = Future()
         self.requests.put((fn, args, result))
         return result.result()
