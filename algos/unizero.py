@@ -498,20 +498,31 @@ def record_action(history: History, action: jax.Array, done: jax.Array) -> Histo
     return history.replace(action=history.action.at[:, -1].set(action), valid=history.valid & ~done[:, None])
 
 
+def stop_rows(terminated: jax.Array, truncated: jax.Array, steps: int, n: int) -> jax.Array:
+    """[B, K] window row where the n-step sum of step k stops: the first row of
+    k .. k + n - 1 whose step ended the episode, else k + n - 1.
+    terminated, truncated: [B, L] with L >= K + n - 1."""
+    index = jnp.arange(steps)[:, None] + jnp.arange(n)[None, :]  # [K, n]
+    done = terminated[:, index] | truncated[:, index]  # [B, K, n]
+    return jnp.arange(steps)[None] + jnp.where(done.any(-1), jnp.argmax(done, -1), n - 1)
+
+
 def n_step_value_targets(rewards, terminated, truncated, window_values, final_values, gamma: float, n: int):
     """n-step value targets for the first K steps of replayed windows (MuZero's
     z_t, with episode ends handled as in Gymnasium):
 
         z_t = sum_{i <= k} gamma^i r_{t+i} + gamma^(k+1) (1 - terminated_{t+k}) V_{t+k}
 
-    where k is the first i < n whose step ended the episode (else n - 1). Without
-    an end, V_{t+n-1} = window_values[t] is the target model's value of the
-    observation n steps later; after a truncation it is final_values[t + k],
-    the value of that step's final observation; after a termination it is 0.
+    where k is the first i < n whose step ended the episode (else n - 1; t + k
+    is `stop_rows`). Without an end, V_{t+n-1} = window_values[t] is the target
+    model's value of the observation n steps later; after a truncation it is
+    final_values[t], the value of the final observation of row t + k; after a
+    termination it is 0.
 
     rewards, terminated, truncated: [B, L] with L >= K + n - 1;
-    window_values: [B, K]; final_values: [B, L]. Returns [B, K]."""
-    chex.assert_equal_shape([rewards, terminated, truncated, final_values])
+    window_values, final_values: [B, K]. Returns [B, K]."""
+    chex.assert_equal_shape([rewards, terminated, truncated])
+    chex.assert_equal_shape([window_values, final_values])
     steps = window_values.shape[1]
     index = jnp.arange(steps)[:, None] + jnp.arange(n)[None, :]  # [K, n]
     reward, term = rewards[:, index], terminated[:, index]  # [B, K, n]
@@ -519,11 +530,10 @@ def n_step_value_targets(rewards, terminated, truncated, window_values, final_va
     alive = jnp.cumprod(jnp.concatenate([jnp.ones_like(done[..., :1]), 1.0 - done[..., :-1]], -1), -1)
     returns = jnp.sum(gamma ** jnp.arange(n, dtype=jnp.float32) * reward * alive, -1)
     ended = done.any(-1)
-    first = jnp.where(ended, jnp.argmax(done, -1), n - 1)  # [B, K]
-    terminated_first = jnp.take_along_axis(term, first[..., None], -1)[..., 0]
-    discount = gamma ** (first + 1.0) * (1.0 - terminated_first.astype(jnp.float32))
-    final = jnp.take_along_axis(final_values, jnp.arange(steps)[None] + first, axis=1)
-    return returns + discount * jnp.where(ended, final, window_values)
+    stop = stop_rows(terminated, truncated, steps, n)  # [B, K]
+    terminated_at_stop = jnp.take_along_axis(terminated, stop, 1)
+    discount = gamma ** (stop - jnp.arange(steps) + 1.0) * (1.0 - terminated_at_stop.astype(jnp.float32))
+    return returns + discount * jnp.where(ended, final_values, window_values)
 
 
 def cross_entropy(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
@@ -661,8 +671,13 @@ def make_train(args: Args) -> UniZero:
         latent_targets = target.encoder(rows(windows.next_obs, 0))
         # V(o_{t+n}) as LightZero reads it: a fresh window starting n rows later.
         window_values = logits_to_scalar(forward_window(target, window_at(n))[1])
-        # V(final observation) of each row, for n steps cut short by a truncation.
-        final_values = lone_values(target, windows.next_obs, windows.timestep + 1)
+        # V(final observation) of the row where each n-step sum stops, for sums
+        # cut short by a truncation: only those K rows of each window are read, so
+        # only they are computed, not all L (6-7% of a gradient step; docs/unizero.md,
+        # "Where the time goes").
+        stop = stop_rows(windows.terminated, windows.truncated, K, n)  # [B, K]
+        at_stop = lambda x: jnp.take_along_axis(x, stop.reshape(stop.shape + (1,) * (x.ndim - 2)), 1)
+        final_values = lone_values(target, at_stop(windows.next_obs), at_stop(windows.timestep) + 1)
         value_targets = n_step_value_targets(windows.reward, windows.terminated, windows.truncated, window_values,
                                              final_values, args.gamma, n)
         latent_targets, value_targets = jax.lax.stop_gradient((latent_targets, value_targets))

@@ -205,7 +205,9 @@ def test_n_step_value_targets_against_a_loop():
     window_values = rng.uniform(-10, 10, (B, K)).astype(np.float32)
     final_values = rng.uniform(-10, 10, (B, L)).astype(np.float32)
     assert terminated[:, : K + n - 1].any() and truncated[:, : K + n - 1].any()
-    got = uz.n_step_value_targets(*map(jnp.asarray, (rewards, terminated, truncated, window_values, final_values)), 0.997, n)
+    stop = np.asarray(uz.stop_rows(jnp.asarray(terminated), jnp.asarray(truncated), K, n))
+    at_stop = np.take_along_axis(final_values, stop, 1)  # the loss computes V(final obs) only at these rows
+    got = uz.n_step_value_targets(*map(jnp.asarray, (rewards, terminated, truncated, window_values, at_stop)), 0.997, n)
     np.testing.assert_allclose(got, value_targets_loop(rewards, terminated, truncated, window_values, final_values,
                                                        0.997, n), rtol=1e-5, atol=1e-4)
 
@@ -213,8 +215,9 @@ def test_n_step_value_targets_against_a_loop():
 def test_truncation_bootstraps_from_the_final_observation_termination_does_not():
     zeros = jnp.zeros((1, 3), bool)
     rewards, window_values = jnp.ones((1, 3)), jnp.full((1, 2), 100.0)
-    final_values = jnp.array([[10.0, 20.0, 30.0]])
+    final_values = jnp.array([[10.0, 30.0]])  # V(final obs) of the rows where the sums stop: 0 (ended) and 2
     ended_first = zeros.at[0, 0].set(True)
+    np.testing.assert_array_equal(uz.stop_rows(zeros, ended_first, 2, 2), [[0, 2]])
     truncated = uz.n_step_value_targets(rewards, zeros, ended_first, window_values, final_values, 0.9, 2)
     terminated = uz.n_step_value_targets(rewards, ended_first, zeros, window_values, final_values, 0.9, 2)
     running = uz.n_step_value_targets(rewards, zeros, zeros, window_values, final_values, 0.9, 2)
