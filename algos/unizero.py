@@ -552,6 +552,8 @@ class UniZero(NamedTuple):
     recurrent_fn: Any  # mctx recurrent_fn(params, key, action [B], SearchNode) -> (RecurrentFnOutput, SearchNode)
     search: Any  # (params, History, key, explore) -> mctx.PolicyOutput
     loss: Any  # (params, target_params, windows [B, L], key) -> (loss, metrics)
+    collect_step: Any  # (RunnerState, None) -> (RunnerState, info): one search and env step of every env
+    learn: Any  # (RunnerState, None) -> (RunnerState, metrics): one gradient step on a replayed batch
     graphdef: Any
     spec: envs.EnvSpec
 
@@ -761,7 +763,8 @@ def make_train(args: Args) -> UniZero:
         carry = (obs, env_state, jnp.zeros(E, jnp.int32), empty_history(E), key, jnp.zeros(E, bool), jnp.zeros(E), 0)
         return jax.lax.while_loop(keep_going, body, carry)[6]
 
-    return UniZero(init, update, train, evaluate, root_fn, recurrent_fn, search, loss_fn, graphdef, spec)
+    return UniZero(init, update, train, evaluate, root_fn, recurrent_fn, search, loss_fn, collect_step, learn, graphdef,
+                   spec)
 
 
 # --------------------------------------------------------------------------- #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|search-cost|vs-lightzero|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|search-cost|parts|vs-lightzero|all]
 # SEEDS (default 4) sets the seed count of the learning curves. The CartPole runs
 # evaluate greedily during training (--eval-every): env steps and training-loop
 # seconds to an evaluation return of 195 / 475 by
@@ -51,4 +51,7 @@ if [[ $what == vs-lightzero || $what == all ]]; then
 fi
 if [[ $what == search-cost || $what == all ]]; then
   $PY benchmarks/unizero_search_cost.py --out "$OUT/search_cost.json"
+fi
+if [[ $what == parts || $what == all ]]; then  # where an update's time goes, 1 / 2 / 4 seeds (docs: Speed)
+  $PY benchmarks/unizero_update_parts.py --seeds 1 2 4 --repeats 5
 fi
