@@ -672,11 +672,8 @@ def make_train(args: Args) -> PlaNet:
         def substep(carry, key):
             env_state, reward, done, reached, next_obs = carry
             active = ~done
-            if on_host:
-                obs, new_state, r, terminated, truncated, info = env.step(key, env_state, env_action, env_params,
-                                                                          active)
-            else:
-                obs, new_state, r, terminated, truncated, info = env.step(key, env_state, env_action, env_params)
+            told = (active,) if on_host else ()  # a host env must not step a finished env
+            obs, new_state, r, terminated, truncated, info = env.step(key, env_state, env_action, env_params, *told)
             select = lambda new, old: jnp.where(active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old)
             env_state = jax.tree.map(select, new_state, env_state)
             carry = (env_state, reward + jnp.where(active, r, 0.0), done | (active & (terminated | truncated)),
