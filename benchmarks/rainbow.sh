@@ -46,7 +46,14 @@ if [[ $what == tuning ]]; then  # the 8-seed runs behind the per / noisy presets
   run tuning noisy --preset noisy  # the preset itself over 8 seeds (its noise metrics: docs/rainbow.md)
   run tuning noisy-anneal-lr --preset noisy --anneal-lr
   run tuning noisy-buffer-50k --preset noisy --buffer-size 50000
-  $PY -m common.plot $OUT/tuning/{noisy,noisy-buffer-50k,noisy-anneal-lr}/* --out docs/img/rainbow_noisy.png \
+  # Adam's epsilon (the preset: 1e-8, as CleanRL's dqn_jax): Rainbow's 1.5e-4 (Hessel et al.
+  # 2018, table 1), CleanRL c51's 0.01 / batch, Dopamine's Rainbow 3.125e-4 (0.01 / 32).
+  run tuning noisy-adam-eps-1.5e-4 --preset noisy --adam-eps 1.5e-4
+  run tuning noisy-adam-eps-7.8e-5 --preset noisy --adam-eps 7.8125e-5
+  run tuning noisy-adam-eps-3e-4 --preset noisy --adam-eps 3e-4
+  run tuning noisy-adam-eps-3.125e-4 --preset noisy --adam-eps 3.125e-4
+  run tuning noisy-adam-eps-1.5e-4-lr-5e-4 --preset noisy --adam-eps 1.5e-4 --learning-rate 5e-4
+  $PY -m common.plot $OUT/tuning/{noisy,noisy-buffer-50k,noisy-anneal-lr,noisy-adam-eps-3.125e-4}/* --out docs/img/rainbow_noisy.png \
     --title "noisy preset variants on CartPole-v1, 8 seeds each" --smooth 5
 fi
 if [[ $what == ablation || $what == all ]]; then

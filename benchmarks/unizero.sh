@@ -36,8 +36,15 @@ if [[ $what == cartpole || $what == all ]]; then
 fi
 if [[ $what == breakout || $what == all ]]; then
   rm -rf "$OUT/breakout-minatar" "$OUT/ppo-breakout-minatar"
-  $PY algos/unizero.py --preset breakout-minatar --num-seeds "$SEEDS" --run-root "$OUT/breakout-minatar"
-  $PY algos/ppo.py --preset breakout-minatar --total-timesteps 500000 --num-seeds "$SEEDS" \
+  # BREAKOUT_STEPS (default the preset's 500k) shortens both runs alike.
+  steps=${BREAKOUT_STEPS:-500000}
+  # UniZero's seeds run one after another: its gradient step is compute-bound, and on
+  # 2 cores 2 vmapped seeds took 2.78x one seed (docs/unizero.md, where the time goes).
+  for ((seed = 0; seed < SEEDS; seed++)); do
+    $PY algos/unizero.py --preset breakout-minatar --total-timesteps "$steps" --seed "$seed" \
+      --run-root "$OUT/breakout-minatar"
+  done
+  $PY algos/ppo.py --preset breakout-minatar --total-timesteps "$steps" --num-seeds "$SEEDS" \
     --run-root "$OUT/ppo-breakout-minatar" --exp-name ppo-minatar
   $PY -m common.plot $OUT/breakout-minatar/* $OUT/ppo-breakout-minatar/* --out docs/img/unizero_vs_ppo_breakout.png \
     --title "Breakout-MinAtar, $SEEDS seeds: UniZero vs PPO at equal env steps"
