@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
 #   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|search-cost|parts|vs-lightzero|all]
-# SEEDS (default 4) sets the seed count of the learning curves. The CartPole runs
+# SEEDS (default 4) sets the seed count of the learning curves, BREAKOUT_STEPS the
+# Breakout budget (docs: SEEDS=2 BREAKOUT_STEPS=100000). The CartPole runs
 # evaluate greedily during training (--eval-every): env steps and training-loop
 # seconds to an evaluation return of 195 / 475 by
 #   python benchmarks/summarize.py --reach 195 benchmarks/out/unizero/cartpole-v0/*
