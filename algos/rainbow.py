@@ -411,6 +411,15 @@ def greedy_actions(q_values: jax.Array) -> jax.Array:
     return jnp.argmax(q_values, axis=-1)
 
 
+def bootstrap_outputs(target_out: jax.Array, target_q: jax.Array, online_q: jax.Array | None) -> jax.Array:
+    """[B, atoms]: the target network's output [B, A, atoms] at the next action.
+    DQN picks that action by the target network's own Q [B, A]; double Q
+    (van Hasselt et al. 2016) picks it by the online network's Q and scores it
+    with the target network, which removes the max's upward bias."""
+    next_action = greedy_actions(target_q if online_q is None else online_q)
+    return jnp.take_along_axis(target_out, next_action[:, None, None], axis=1)[:, 0]
+
+
 # --------------------------------------------------------------------------- #
 # Training
 # --------------------------------------------------------------------------- #
@@ -502,12 +511,9 @@ def make_train(args: Args) -> Rainbow:
         online_key, next_key, target_key = jax.random.split(key, 3) if args.noisy else (None, None, None)
 
         target_out = network(target_params, bootstrap_obs, target_key)  # [B, A, atoms]
-        if args.double_q:
-            next_action = greedy_actions(q_values(params, bootstrap_obs, next_key))
-        else:
-            target_q = target_out[..., 0] if not distributional else jnp.sum(jax.nn.softmax(target_out) * support, -1)
-            next_action = greedy_actions(target_q)
-        target_next = jnp.take_along_axis(target_out, next_action[:, None, None], axis=1)[:, 0]  # [B, atoms]
+        target_q = target_out[..., 0] if not distributional else jnp.sum(jax.nn.softmax(target_out) * support, -1)
+        online_q = q_values(params, bootstrap_obs, next_key) if args.double_q else None
+        target_next = bootstrap_outputs(target_out, target_q, online_q)  # [B, atoms]
         online = jnp.take_along_axis(network(params, obs, online_key), action[:, None, None], axis=1)[:, 0]
 
         if distributional:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from algos.rainbow import (NoisyLinear, categorical_projection, dueling_aggregate, importance_weights,
+from algos.rainbow import (NoisyLinear, bootstrap_outputs, categorical_projection, dueling_aggregate, importance_weights,
                            linear_schedule, n_step_targets)
 
 
@@ -91,6 +91,17 @@ def test_dueling_advantages_have_zero_mean():
     q = dueling_aggregate(value, advantage)
     np.testing.assert_allclose(q[0, :, 0], [1.0, 2.0, 6.0])  # 3 + a - mean(a) = a here
     assert float(q.mean() - value.mean()) == pytest.approx(0.0)
+
+
+def test_double_q_selects_with_the_online_network_and_scores_with_the_target():
+    # Two samples, three actions, two atoms. The target network prefers action 0,
+    # the online network action 2: DQN bootstraps from the target's action 0,
+    # double Q from the target's output at the online network's action 2.
+    target_out = jnp.arange(12.0).reshape(2, 3, 2)  # [B, A, atoms]
+    target_q = jnp.array([[9.0, 1.0, 0.0], [9.0, 0.0, 1.0]])
+    online_q = jnp.array([[0.0, 1.0, 5.0], [0.0, 5.0, 1.0]])
+    np.testing.assert_array_equal(bootstrap_outputs(target_out, target_q, None), [[0.0, 1.0], [6.0, 7.0]])
+    np.testing.assert_array_equal(bootstrap_outputs(target_out, target_q, online_q), [[4.0, 5.0], [8.0, 9.0]])
 
 
 def test_importance_weights():
