@@ -178,11 +178,13 @@ def run(
     history: dict[str, list[np.ndarray]] = {}
     clock = {"last": time.perf_counter()}
 
-    def record(metrics, first_update: int, count: int, evaluation=None) -> None:
+    def record(metrics, first_update: int, count: int, evaluation=None, finished_at: float | None = None) -> None:
         """Copy one finished chunk's metrics (and its evaluation, if one ran
-        after it) to the host and log them."""
+        after it) to the host and log them. `finished_at` is when the chunk and
+        its evaluation were known to be done (the loop blocked on them); without
+        it, the moment the metrics arrive is the chunk's end."""
         metrics = {k: v[:, :count] for k, v in jax.device_get(metrics).items()}  # drop skipped updates
-        now = time.perf_counter()
+        now = time.perf_counter() if finished_at is None else finished_at
         elapsed, clock["last"] = now - clock["last"], now
         update_index = np.arange(first_update + 1, first_update + count + 1)
         metrics["steps_per_second"] = np.full((args.num_seeds, count), count * steps_per_update * args.num_seeds / elapsed)
@@ -209,7 +211,7 @@ def run(
     last_checkpoint = dispatched = updates_done
     next_eval = (updates_done // eval_every + 1) * eval_every if eval_every else None
     eval_returns = None  # the evaluation of the final state, if the loop ran it
-    in_flight = None  # (metrics, first update, updates, evaluation) of the chunk on the device
+    in_flight = None  # (metrics, first update, updates[, evaluation, finished_at]) of the chunk on the device
     while dispatched < num_updates or in_flight is not None:
         previous, in_flight = in_flight, None
         if dispatched < num_updates:
@@ -218,18 +220,20 @@ def run(
                 start_eval_compile()  # compiles while the first chunk runs
             count = min(args.log_every, num_updates - dispatched)
             first, dispatched = dispatched, dispatched + count
-            evaluation = None
-            if eval_every and (dispatched >= next_eval or dispatched == num_updates):
-                start_eval_compile()
-                evaluation = compiled_eval.result()(state, seeds)
-                jax.block_until_ready(evaluation)  # before the next chunk takes (donates) the state
-                while next_eval <= dispatched:
-                    next_eval += eval_every
-                if dispatched == num_updates:
-                    eval_returns = np.asarray(evaluation)
-            in_flight = (metrics, first, count, evaluation)
+            in_flight = (metrics, first, count)
         if previous is not None:
-            record(*previous)
+            record(*previous)  # waits for the previous chunk only; the one just dispatched runs on
+        if in_flight is not None and eval_every and (dispatched >= next_eval or dispatched == num_updates):
+            start_eval_compile()
+            evaluation = compiled_eval.result()(state, seeds)
+            jax.block_until_ready(evaluation)  # before the next chunk takes (donates) the state
+            # The chunk and its evaluation are done now: its wall_seconds is this
+            # moment, though its row is written only after the next dispatch.
+            in_flight = in_flight + (evaluation, time.perf_counter())
+            while next_eval <= dispatched:
+                next_eval += eval_every
+            if dispatched == num_updates:
+                eval_returns = np.asarray(evaluation)
         due = dispatched - last_checkpoint >= args.checkpoint_every or dispatched == num_updates
         if in_flight is not None and args.save_model and due:
             record(*in_flight)

@@ -110,3 +110,27 @@ def test_a_resumed_run_continues_the_clock(tmp_path, monkeypatch):
     assert list(rows["update"][mine]) == list(range(1, 9))
     clock = rows["wall_seconds"][mine]
     assert np.all(np.diff(clock) >= 0) and clock[4:].min() >= clock_at_4
+
+
+def test_an_evaluated_chunk_is_clocked_when_its_evaluation_ends(tmp_path):
+    """The row of a chunk followed by an evaluation is written only after the
+    next chunk is dispatched; its `wall_seconds` must still be the moment the
+    evaluation ended, not the end of the next chunk (the evaluation's time to
+    a return is read from it)."""
+    init, update, evaluate = toy_algorithm()
+
+    def slow(count):
+        time.sleep(0.25)  # per seed and update: a chunk of 2 updates x 2 seeds takes >= 1 s
+        return count
+
+    def slow_update(state):
+        state, metrics = update(state)
+        count = jax.pure_callback(slow, jax.ShapeDtypeStruct((), jnp.float32), state["count"], vmap_method="sequential")
+        return {**state, "count": count}, metrics
+
+    args = ToyArgs(run_root=str(tmp_path))
+    result = runner.run(args, init, slow_update, evaluate, num_updates=4, steps_per_update=10, eval_every=2)
+    rows = logger.read_metrics(result.run_dir)
+    mine = rows["seed_index"] == 0
+    clock = dict(zip(rows["update"][mine], rows["wall_seconds"][mine]))
+    assert clock[4] - clock[2] >= 0.8  # the second chunk ran after the first evaluation's row was clocked
