@@ -18,7 +18,8 @@
 #
 #   LIGHTZERO_PYTHON=/work/lightzero-venv/bin/python bash benchmarks/lightzero_unizero.sh
 #
-# SEEDS (default "0 1 2 3") are run one after another (one LightZero process at a time);
+# SEEDS (default "0 1 2 3") are run PARALLEL (default 1) at a time (the docs' run: PARALLEL=2,
+# one core each, nothing else running);
 # MAX_ENV_STEP (default 50000) and MAX_WALL_SECONDS (default 3600) cap each run; a run also
 # stops at LightZero's own stop rule, the first evaluation with mean return >= 195.
 # EVAL_FREQ (default 250 training iterations; the package config's is 1000) sets how often
@@ -33,14 +34,24 @@ SEEDS=${SEEDS:-0 1 2 3}
 CSV=docs/data/lightzero_unizero_cartpole_v0.csv
 mkdir -p "$OUT" docs/data
 
-for seed in $SEEDS; do
+run_seed() {
+  local seed=$1
   echo "seed $seed: load before: $(uptime)"
   "$LIGHTZERO_PYTHON" benchmarks/lightzero_unizero.py --seed "$seed" --out-dir "$OUT" \
     --max-env-step "${MAX_ENV_STEP:-50000}" --max-wall-seconds "${MAX_WALL_SECONDS:-3600}" \
     --eval-freq "${EVAL_FREQ:-250}" --threads "${THREADS:-1}" > "$OUT/seed$seed.log" 2>&1
   echo "seed $seed: load after: $(uptime)"
   grep '^\[lightzero_unizero\] done' "$OUT/seed$seed.log" || true
+}
+
+# PARALLEL seeds at a time (default 1); with THREADS=1 each takes one core.
+running=0
+for seed in $SEEDS; do
+  run_seed "$seed" &
+  running=$((running + 1))
+  if ((running >= ${PARALLEL:-1})); then wait -n; running=$((running - 1)); fi
 done
+wait
 
 # One CSV for every seed run so far (header once).
 first=1

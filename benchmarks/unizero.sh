@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
 #   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|search-cost|parts|vs-lightzero|all]
+# (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves, BREAKOUT_STEPS the
 # Breakout budget (docs: SEEDS=2 BREAKOUT_STEPS=100000). The CartPole runs
 # evaluate greedily during training (--eval-every): env steps and training-loop
@@ -20,12 +21,6 @@ if [[ $what == cartpole-v0 || $what == all ]]; then
     --title "UniZero on CartPole-v0 (200-step cap), $SEEDS seeds"
   $PY -m common.plot $OUT/cartpole-v0/* --metric eval_return --out docs/img/unizero_cartpole_v0_eval.png \
     --title "UniZero on CartPole-v0, $SEEDS seeds: greedy evaluation with search during training"
-fi
-if [[ $what == puct || $what == all ]]; then
-  rm -rf "$OUT/cartpole-v0-puct"
-  $PY algos/unizero.py --preset cartpole-v0-puct --num-seeds "$SEEDS" --run-root "$OUT/cartpole-v0-puct"
-  $PY -m common.plot $OUT/cartpole-v0/* $OUT/cartpole-v0-puct/* --out docs/img/unizero_gumbel_vs_puct_v0.png \
-    --title "CartPole-v0, $SEEDS seeds: Gumbel MuZero (16 sims) vs PUCT (25 sims)"
 fi
 if [[ $what == cartpole || $what == all ]]; then
   rm -rf "$OUT/cartpole" "$OUT/ppo-cartpole"
@@ -51,11 +46,31 @@ if [[ $what == breakout || $what == all ]]; then
     --title "Breakout-MinAtar, $SEEDS seeds: UniZero vs PPO at equal env steps"
 fi
 if [[ $what == vs-lightzero || $what == all ]]; then
-  # Against LightZero's UniZero (its side: benchmarks/lightzero_unizero.sh -> docs/data/). The docs' run: SEEDS=2.
-  # Evaluating every 10 updates (2,000 env steps) keeps the evaluations' search cost small.
+  # Against LightZero's UniZero (its side: benchmarks/lightzero_unizero.sh -> docs/data/).
+  # One seed per process, one after another (faster than vmapped seeds on 2 cores), a greedy
+  # evaluation every 5 updates (1,000 env steps); /usr/bin/time records each process whole
+  # (imports and compilation included) in $OUT/vs-lightzero/seedN.time.
   rm -rf "$OUT/vs-lightzero"
-  $PY algos/unizero.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/vs-lightzero" --eval-every 10
-  $PY benchmarks/unizero_vs_lightzero.py $OUT/vs-lightzero/* --out docs/img/unizero_vs_lightzero_cartpole_v0.png
+  mkdir -p "$OUT/vs-lightzero"
+  for ((seed = 0; seed < SEEDS; seed++)); do
+    /usr/bin/time -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$OUT/vs-lightzero/seed$seed.time" \
+      $PY algos/unizero.py --preset cartpole-v0 --seed "$seed" --run-root "$OUT/vs-lightzero" --eval-every 5 \
+      --no-compile-cache
+    cat "$OUT/vs-lightzero/seed$seed.time"
+  done
+  $PY benchmarks/unizero_vs_lightzero.py $OUT/vs-lightzero/*/ --out docs/img/unizero_vs_lightzero_cartpole_v0.png
+fi
+if [[ $what == puct || $what == all ]]; then
+  # PUCT with LightZero's 25 simulations, evaluated as the vs-lightzero runs (Gumbel, 16) are:
+  # one seed per process, a greedy evaluation every 1,000 env steps. Compare with
+  #   python benchmarks/summarize.py --reach 195 $OUT/cartpole-v0-puct/*/ $OUT/vs-lightzero/*/
+  rm -rf "$OUT/cartpole-v0-puct"
+  for ((seed = 0; seed < SEEDS; seed++)); do
+    $PY algos/unizero.py --preset cartpole-v0-puct --seed "$seed" --run-root "$OUT/cartpole-v0-puct" --eval-every 5
+  done
+  $PY -m common.plot $OUT/vs-lightzero/*/ $OUT/cartpole-v0-puct/*/ --metric eval_return \
+    --out docs/img/unizero_gumbel_vs_puct_v0.png \
+    --title "CartPole-v0, $SEEDS seeds: greedy evaluation, Gumbel MuZero (16 sims) vs PUCT (25 sims)"
 fi
 if [[ $what == search-cost || $what == all ]]; then
   $PY benchmarks/unizero_search_cost.py --out "$OUT/search_cost.json"

@@ -5,7 +5,7 @@
 # Breakout-MinAtar budget per seed. Runs go to benchmarks/out/unizero_ppo/, and
 #   python benchmarks/summarize.py benchmarks/out/unizero_ppo/<group>/*
 # prints the results table (final return, greedy evaluation, compile and loop time).
-# The UniZero (MCTS) curve of the CartPole-v0 plot comes from `SEEDS=2 bash benchmarks/unizero.sh vs-lightzero`
+# The UniZero (MCTS) curve of the CartPole-v0 plot comes from `bash benchmarks/unizero.sh vs-lightzero`
 # (run it first; without it the plot has three curves).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,9 +32,9 @@ if [[ $what == cartpole-v0 || $what == all ]]; then  # the seed's CartPole-v0: 2
     --run-root "$OUT/ppo-cartpole-v0" --exp-name ppo-v0
   runs=($OUT/cartpole-v0/* $OUT/seed/* $OUT/ppo-cartpole-v0/*)
   labels=("UniZero-PPO (cartpole-v0)" "UniZero-PPO (seed settings)" PPO)
-  if compgen -G "benchmarks/out/unizero/vs-lightzero/*/eval.json" > /dev/null; then
-    runs+=(benchmarks/out/unizero/vs-lightzero/*); labels+=("UniZero (MCTS, 16 sims)")
-  fi
+  for run in benchmarks/out/unizero/vs-lightzero/*/; do  # one run directory per seed
+    if [[ -f $run/eval.json ]]; then runs+=("$run"); labels+=("UniZero (MCTS, 16 sims)"); fi
+  done
   $PY -m common.plot "${runs[@]}" --labels "${labels[@]}" --out docs/img/unizero_ppo_cartpole_v0.png --smooth 3 \
     --title "CartPole-v0 (200-step cap), 20k env steps per seed"
 fi

@@ -3,7 +3,7 @@
 (docs/data/lightzero_unizero_cartpole_v0.csv, from benchmarks/lightzero_unizero.sh).
 One line per seed, since LightZero's seeds stop at different env steps.
 
-    python benchmarks/unizero_vs_lightzero.py benchmarks/out/unizero/cartpole-v0/* \
+    python benchmarks/unizero_vs_lightzero.py benchmarks/out/unizero/vs-lightzero/*/ \
         --out docs/img/unizero_vs_lightzero_cartpole_v0.png
 
 Our wall time is the training loop's (`wall_seconds`, evaluations included,
@@ -56,7 +56,8 @@ def first_reach(curves, target: float) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", type=Path, help="a jaxzoo UniZero run logged with --eval-every")
+    parser.add_argument("run_dirs", type=Path, nargs="+",
+                        help="jaxzoo UniZero runs logged with --eval-every (one per seed, or one with several)")
     parser.add_argument("--lightzero", type=Path, default=Path("docs/data/lightzero_unizero_cartpole_v0.csv"))
     parser.add_argument("--reach", type=float, default=195.0)
     parser.add_argument("--out", type=Path, required=True)
@@ -66,8 +67,8 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    our_curves = ours(args.run_dir)
-    sides = {f"jaxzoo UniZero ({len(our_curves)} seeds vmapped in one process)": (our_curves, "tab:blue"),
+    our_curves = [curve for run_dir in args.run_dirs for curve in ours(run_dir)]
+    sides = {f"jaxzoo UniZero ({len(our_curves)} seeds)": (our_curves, "tab:blue"),
              "LightZero UniZero (one process per seed)": (lightzero(args.lightzero), "tab:orange")}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, (curves, color) in sides.items():
