@@ -70,7 +70,7 @@ if [[ $what == puct || $what == all ]]; then
   done
   $PY -m common.plot $OUT/vs-lightzero/*/ $OUT/cartpole-v0-puct/*/ --metric eval_return \
     --out docs/img/unizero_gumbel_vs_puct_v0.png \
-    --title "CartPole-v0, $SEEDS seeds: greedy evaluation, Gumbel MuZero (16 sims) vs PUCT (25 sims)"
+    --title "CartPole-v0, $SEEDS seeds: evaluation, Gumbel (16 sims) vs PUCT (25)"
 fi
 if [[ $what == search-cost || $what == all ]]; then
   $PY benchmarks/unizero_search_cost.py --out "$OUT/search_cost.json"
