@@ -14,6 +14,20 @@ PY=${PYTHON:-python}
 SEEDS=${SEEDS:-4}
 what=${1:-all}
 
+# UniZero's seeds run one process each, one after another: its gradient step is compute-bound,
+# and on 2 cores 2 vmapped seeds took 2.78x one seed (docs/unizero.md, "Where the time goes").
+# /usr/bin/time records each process whole (imports and compilation included) in ROOT/seedN.time.
+one_process_per_seed() {  # ROOT, then algos/unizero.py flags
+  local root=$1 seed
+  shift
+  mkdir -p "$root"
+  for ((seed = 0; seed < SEEDS; seed++)); do
+    /usr/bin/time -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$root/seed$seed.time" \
+      $PY algos/unizero.py --seed "$seed" --run-root "$root" "$@"
+    cat "$root/seed$seed.time"
+  done
+}
+
 if [[ $what == cartpole-v0 || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0"
   $PY algos/unizero.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/cartpole-v0" --eval-every 5
@@ -34,30 +48,18 @@ if [[ $what == breakout || $what == all ]]; then
   rm -rf "$OUT/breakout-minatar" "$OUT/ppo-breakout-minatar"
   # BREAKOUT_STEPS (default the preset's 500k) shortens both runs alike.
   steps=${BREAKOUT_STEPS:-500000}
-  # UniZero's seeds run one after another: its gradient step is compute-bound, and on
-  # 2 cores 2 vmapped seeds took 2.78x one seed (docs/unizero.md, where the time goes).
-  for ((seed = 0; seed < SEEDS; seed++)); do
-    $PY algos/unizero.py --preset breakout-minatar --total-timesteps "$steps" --seed "$seed" \
-      --run-root "$OUT/breakout-minatar"
-  done
+  one_process_per_seed "$OUT/breakout-minatar" --preset breakout-minatar --total-timesteps "$steps"
   $PY algos/ppo.py --preset breakout-minatar --total-timesteps "$steps" --num-seeds "$SEEDS" \
     --run-root "$OUT/ppo-breakout-minatar" --exp-name ppo-minatar
-  $PY -m common.plot $OUT/breakout-minatar/* $OUT/ppo-breakout-minatar/* --out docs/img/unizero_vs_ppo_breakout.png \
+  $PY -m common.plot $OUT/breakout-minatar/*/ $OUT/ppo-breakout-minatar/* --out docs/img/unizero_vs_ppo_breakout.png \
     --title "Breakout-MinAtar, $SEEDS seeds: UniZero vs PPO at equal env steps"
 fi
 if [[ $what == vs-lightzero || $what == all ]]; then
   # Against LightZero's UniZero (its side: benchmarks/lightzero_unizero.sh -> docs/data/).
-  # One seed per process, one after another (faster than vmapped seeds on 2 cores), a greedy
-  # evaluation every 5 updates (1,000 env steps); /usr/bin/time records each process whole
-  # (imports and compilation included) in $OUT/vs-lightzero/seedN.time.
+  # A greedy evaluation every 5 updates (1,000 env steps); no compilation cache, so each
+  # process's time includes its compilation as LightZero's includes its setup.
   rm -rf "$OUT/vs-lightzero"
-  mkdir -p "$OUT/vs-lightzero"
-  for ((seed = 0; seed < SEEDS; seed++)); do
-    /usr/bin/time -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$OUT/vs-lightzero/seed$seed.time" \
-      $PY algos/unizero.py --preset cartpole-v0 --seed "$seed" --run-root "$OUT/vs-lightzero" --eval-every 5 \
-      --no-compile-cache
-    cat "$OUT/vs-lightzero/seed$seed.time"
-  done
+  one_process_per_seed "$OUT/vs-lightzero" --preset cartpole-v0 --eval-every 5 --no-compile-cache
   $PY benchmarks/unizero_vs_lightzero.py $OUT/vs-lightzero/*/ --out docs/img/unizero_vs_lightzero_cartpole_v0.png
 fi
 if [[ $what == puct || $what == all ]]; then
@@ -65,9 +67,7 @@ if [[ $what == puct || $what == all ]]; then
   # one seed per process, a greedy evaluation every 1,000 env steps. Compare with
   #   python benchmarks/summarize.py --reach 195 $OUT/cartpole-v0-puct/*/ $OUT/vs-lightzero/*/
   rm -rf "$OUT/cartpole-v0-puct"
-  for ((seed = 0; seed < SEEDS; seed++)); do
-    $PY algos/unizero.py --preset cartpole-v0-puct --seed "$seed" --run-root "$OUT/cartpole-v0-puct" --eval-every 5
-  done
+  one_process_per_seed "$OUT/cartpole-v0-puct" --preset cartpole-v0-puct --eval-every 5
   $PY -m common.plot $OUT/vs-lightzero/*/ $OUT/cartpole-v0-puct/*/ --metric eval_return \
     --out docs/img/unizero_gumbel_vs_puct_v0.png \
     --title "CartPole-v0, $SEEDS seeds: evaluation, Gumbel (16 sims) vs PUCT (25)"

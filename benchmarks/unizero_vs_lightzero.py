@@ -9,13 +9,19 @@ One line per seed, since LightZero's seeds stop at different env steps.
 Our wall time is the training loop's (`wall_seconds`, evaluations included,
 compile excluded); LightZero's is its process's from the start of training,
 evaluations included. Both lines also print, per seed, the env steps and
-seconds at which the evaluation first reached `--reach` (default 195).
+seconds at which the evaluation first reached `--reach` (default 195), and
+the CPU time per env step of whole processes: ours from the `seedN.time`
+file that benchmarks/unizero.sh writes beside each run (with the seconds the
+process spent outside its training loop: imports, compilation, final
+writes), LightZero's from its CSV's last row.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +42,21 @@ def ours(run_dir: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     return out
 
 
+def process_cost(run_dir: Path) -> str | None:
+    """Our process as /usr/bin/time saw it: seconds outside the training loop
+    and CPU milliseconds per env step, or None without a seedN.time file."""
+    args = json.loads((run_dir / "args.json").read_text())
+    timing = run_dir.parent / f"seed{args['seed']}.time"
+    if args["num_seeds"] != 1 or not timing.exists():
+        return None
+    wall, user, system = (float(re.search(rf"{name} ([\d.]+) s", timing.read_text())[1])
+                          for name in ("wall", "user", "system"))
+    outside = wall - json.loads((run_dir / "eval.json").read_text())["train_seconds"]
+    steps = logger.read_metrics(run_dir)["global_step"].max()
+    return (f"process {wall:,.0f} s, of which {outside:.0f} s outside the training loop; "
+            f"{(user + system) / steps * 1e3:.1f} ms of CPU per env step ({(user + system) / wall:.2f} cores)")
+
+
 def lightzero(csv_path: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     rows: dict[int, list[tuple[float, float, float]]] = {}
     with open(csv_path) as f:
@@ -43,6 +64,16 @@ def lightzero(csv_path: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]
             rows.setdefault(int(row["seed"]), []).append(
                 (float(row["env_steps"]), float(row["wall_seconds"]), float(row["eval_return"])))
     return [tuple(np.array(column) for column in zip(*rows[seed])) for seed in sorted(rows)]
+
+
+def lightzero_cpu(csv_path: Path) -> list[str]:
+    """Per seed: CPU milliseconds per env step over the whole process (its last row)."""
+    last: dict[int, dict] = {}
+    with open(csv_path) as f:
+        for row in csv.DictReader(f):
+            last[int(row["seed"])] = row
+    return [f"{float(row['cpu_seconds']) / float(row['env_steps']) * 1e3:.1f} ms of CPU per env step "
+            f"({row['cpu_seconds']} s for {row['env_steps']} env steps)" for _, row in sorted(last.items())]
 
 
 def first_reach(curves, target: float) -> list[str]:
@@ -68,13 +99,17 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     our_curves = [curve for run_dir in args.run_dirs for curve in ours(run_dir)]
-    sides = {f"jaxzoo UniZero ({len(our_curves)} seeds)": (our_curves, "tab:blue"),
-             "LightZero UniZero (one process per seed)": (lightzero(args.lightzero), "tab:orange")}
+    our_costs = [cost for run_dir in args.run_dirs if (cost := process_cost(run_dir))]
+    sides = {f"jaxzoo UniZero ({len(our_curves)} seeds)": (our_curves, our_costs, "tab:blue"),
+             "LightZero UniZero (one process per seed)": (lightzero(args.lightzero), lightzero_cpu(args.lightzero),
+                                                          "tab:orange")}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for label, (curves, color) in sides.items():
+    for label, (curves, costs, color) in sides.items():
         print(f"{label}: first evaluation >= {args.reach:g}:")
         for seed, cell in enumerate(first_reach(curves, args.reach)):
             print(f"  seed {seed}: {cell}")
+        for seed, cost in enumerate(costs):
+            print(f"  seed {seed}: {cost}")
         for i, (steps, seconds, returns) in enumerate(curves):
             axes[0].plot(steps, returns, color=color, alpha=0.8, label=label if i == 0 else None)
             axes[1].plot(seconds, returns, color=color, alpha=0.8, label=label if i == 0 else None)
