@@ -36,7 +36,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from common import buffers, cli, envs, runner
+from jaxzoo import buffers, cli, envs, runner
 
 
 # --------------------------------------------------------------------------- #
@@ -206,7 +206,7 @@ class LayerNormMLP(nnx.Module):
 class Policy(nnx.Module):
     """obs [..., O] -> (mean [..., A], log_std [..., A]): a state-dependent diagonal
     Gaussian, no squashing. The raw sample is what log-probs score; the env
-    executes clip(a, low, high) (common.envs.ClipAction)."""
+    executes clip(a, low, high) (jaxzoo.envs.ClipAction)."""
 
     def __init__(self, obs_dim: int, action_dim: int, args: Args, rngs: nnx.Rngs):
         self.torso = LayerNormMLP(obs_dim, args.policy_layers, rngs)

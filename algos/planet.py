@@ -40,8 +40,8 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from common import buffers, cli, dmc, envs, pixels, runner
-from common.layers import StridedConv, StridedConvTranspose
+from jaxzoo import buffers, cli, dmc, envs, pixels, runner
+from jaxzoo.layers import StridedConv, StridedConvTranspose
 
 
 # --------------------------------------------------------------------------- #

@@ -32,7 +32,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from common import cli, envs, runner
+from jaxzoo import cli, envs, runner
 
 
 # --------------------------------------------------------------------------- #
@@ -331,7 +331,7 @@ class Transition(NamedTuple):
     terminated: jax.Array  # [N] bool: the episode really ended, V(next) = 0
     truncated: jax.Array  # [N] bool: time limit; bootstrap from next_obs
     next_obs: jax.Array  # [N, *obs_shape] info["final_observation"]: the true next state
-    episode_done: jax.Array  # [N] bool, from common.envs.EpisodeStatistics
+    episode_done: jax.Array  # [N] bool, from jaxzoo.envs.EpisodeStatistics
     episode_return: jax.Array  # [N]
     episode_length: jax.Array  # [N]
 

@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from common import buffers, cli, envs, runner
+from jaxzoo import buffers, cli, envs, runner
 
 
 # --------------------------------------------------------------------------- #

@@ -54,7 +54,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from common import cli, envs, runner
+from jaxzoo import cli, envs, runner
 
 
 # --------------------------------------------------------------------------- #
@@ -443,7 +443,7 @@ class Transition(NamedTuple):
     truncated: jax.Array  # [N] bool
     final_obs: jax.Array  # [N, *obs_shape] info["final_observation"]
     timestep: jax.Array  # [N] env timestep of obs (0 at an episode start)
-    episode_done: jax.Array  # [N] statistics from common.envs.EpisodeStatistics
+    episode_done: jax.Array  # [N] statistics from jaxzoo.envs.EpisodeStatistics
     episode_return: jax.Array  # [N]
     episode_length: jax.Array  # [N]
 

@@ -42,8 +42,8 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from common import checkpoint, cli, envs, logger, pixels, runner
-from common.layers import StridedConv, StridedConvTranspose
+from jaxzoo import checkpoint, cli, envs, logger, pixels, runner
+from jaxzoo.layers import StridedConv, StridedConvTranspose
 
 STAGES = ("collect", "vae", "mdn", "controller")
 HOST_ENVS = ("CarRacing-v3",)  # gymnasium envs stepped on the host (box2d)

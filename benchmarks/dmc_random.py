@@ -8,7 +8,7 @@ import argparse
 
 import numpy as np
 
-from common import dmc
+from jaxzoo import dmc
 
 
 def main():

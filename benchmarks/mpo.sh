@@ -26,11 +26,11 @@ if [[ $what == mountaincar || $what == all ]]; then run mountaincar --preset mou
 if [[ $what == cost || $what == all ]]; then $PY benchmarks/mpo_cost.py | tee "$OUT/cost.md"; fi
 if [[ $what == plots || $what == all ]]; then
   if [[ -d $OUT/pendulum && -d $OUT/acme ]]; then
-    $PY -m common.plot $OUT/pendulum/* $OUT/acme/* --out docs/img/mpo_pendulum.png \
+    $PY -m jaxzoo.plot $OUT/pendulum/* $OUT/acme/* --out docs/img/mpo_pendulum.png \
       --title "MPO on Pendulum-v1, $SEEDS seeds: pendulum vs acme presets"
     $PY benchmarks/plot_duals.py $OUT/pendulum/* $OUT/acme/* --out docs/img/mpo_duals.png
   fi
   if [[ -d $OUT/mountaincar ]]; then
-    $PY -m common.plot $OUT/mountaincar/* --out docs/img/mpo_mountaincar.png --title "MPO on MountainCarContinuous-v0"
+    $PY -m jaxzoo.plot $OUT/mountaincar/* --out docs/img/mpo_mountaincar.png --title "MPO on MountainCarContinuous-v0"
   fi
 fi

@@ -18,7 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from algos import mpo
+from jaxzoo.algos import mpo
 
 SIZES = [  # (label, Args overrides)
     ("seed 004 / Acme defaults: networks 256x3 / 512-512-256, batch 256 x 20 samples", {}),

@@ -28,11 +28,11 @@ if [[ $what == cpu-resume ]]; then  # continue a killed cpu run from its last ch
   $PY algos/planet.py --resume "$(ls -d $OUT/cpu/*/ | head -1)"
 fi
 if [[ $what == cpu || $what == cpu-resume || $what == plots || $what == all ]]; then  # plots: of the run so far
-  $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu.png --smooth 3 \
+  $PY -m jaxzoo.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu.png --smooth 3 \
     --title "PlaNet (cpu preset) on pixel Pendulum-v1, $SEEDS seeds"
-  $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu_eval.png --metric eval_return \
+  $PY -m jaxzoo.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu_eval.png --metric eval_return \
     --title "PlaNet (cpu preset), $SEEDS seeds: evaluation without exploration noise"
-  $PY -m common.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu_losses.png --metric observation_loss \
+  $PY -m jaxzoo.plot $OUT/cpu/* --out docs/img/planet_pendulum_cpu_losses.png --metric observation_loss \
     --title "PlaNet (cpu preset): image reconstruction loss"
 fi
 if [[ $what == video || $what == all ]]; then
@@ -62,6 +62,6 @@ if [[ $what == dmc-resume ]]; then  # continue the newest killed dmc run from it
   $PY algos/planet.py --resume "$(ls -td $OUT/dmc/*/ | head -1)"
 fi
 if [[ $what == dmc || $what == dmc-resume ]]; then
-  $PY -m common.plot $OUT/dmc/* --out docs/img/planet_dmc_cartpole_swingup.png --smooth 3 \
+  $PY -m jaxzoo.plot $OUT/dmc/* --out docs/img/planet_dmc_cartpole_swingup.png --smooth 3 \
     --title "PlaNet, cpu-cartpole-swingup preset: training return"
 fi

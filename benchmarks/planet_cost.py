@@ -19,16 +19,14 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from algos import planet  # noqa: E402
-from common import buffers, cli  # noqa: E402
+from jaxzoo.algos import planet  # noqa: E402
+from jaxzoo import buffers, cli  # noqa: E402
 
 
 def median_seconds(fn, repeats: int) -> float:

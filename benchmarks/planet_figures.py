@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import jax
@@ -32,9 +31,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from algos import planet  # noqa: E402
-from common import checkpoint, cli, logger, runner  # noqa: E402
+from jaxzoo.algos import planet  # noqa: E402
+from jaxzoo import checkpoint, cli, logger, runner  # noqa: E402
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from common.logger import read_metrics
+from jaxzoo.logger import read_metrics
 
 PANELS = [
     ("kl_q_rel", "E-step KL(q || pi) / epsilon", 1.0, "log"),

@@ -17,7 +17,7 @@ curve() {  # preset, num_seeds, extra flags...
   local preset=$1 seeds=$2; shift 2
   rm -rf "$OUT/$preset"
   $PY algos/ppo.py --preset "$preset" --num-seeds "$seeds" --run-root "$OUT/$preset" --exp-name "ppo-$preset" "$@"
-  $PY -m common.plot "$OUT/$preset"/* --out "docs/img/ppo_$preset.png" --title "PPO, $preset preset, $seeds seeds"
+  $PY -m jaxzoo.plot "$OUT/$preset"/* --out "docs/img/ppo_$preset.png" --title "PPO, $preset preset, $seeds seeds"
 }
 
 if [[ $what == cartpole || $what == all ]]; then curve cartpole 8; fi

@@ -24,13 +24,13 @@ if [[ $what == cartpole || $what == all ]]; then
     run cartpole "$preset" --preset "$preset"
   done
   if [[ -z ${PRESETS:-} ]]; then  # the plots need every preset's runs
-  $PY -m common.plot $OUT/cartpole/{dqn,double,dueling,per,noisy,c51,rainbow}/* --out docs/img/rainbow_cartpole.png \
+  $PY -m jaxzoo.plot $OUT/cartpole/{dqn,double,dueling,per,noisy,c51,rainbow}/* --out docs/img/rainbow_cartpole.png \
     --title "DQN family on CartPole-v1, $SEEDS seeds each" --smooth 5
-  $PY -m common.plot $OUT/cartpole/{rllib-dqn,rllib-rainbow,rainbow}/* --out docs/img/rainbow_rllib.png \
+  $PY -m jaxzoo.plot $OUT/cartpole/{rllib-dqn,rllib-rainbow,rainbow}/* --out docs/img/rainbow_rllib.png \
     --title "RLlib 2.40 configurations vs this file's rainbow preset" --smooth 5
   fi
   if [[ -d $OUT/cartpole/rllib-rainbow ]]; then
-    $PY -m common.plot $OUT/cartpole/rllib-rainbow/* --out docs/img/rainbow_rllib_rainbow.png \
+    $PY -m jaxzoo.plot $OUT/cartpole/rllib-rainbow/* --out docs/img/rainbow_rllib_rainbow.png \
       --title "rllib-rainbow on CartPole-v1, $SEEDS seeds" --smooth 5
   fi
 fi
@@ -53,7 +53,7 @@ if [[ $what == tuning ]]; then  # the 8-seed runs behind the per / noisy presets
   run tuning noisy-adam-eps-3e-4 --preset noisy --adam-eps 3e-4
   run tuning noisy-adam-eps-3.125e-4 --preset noisy --adam-eps 3.125e-4
   run tuning noisy-adam-eps-1.5e-4-lr-5e-4 --preset noisy --adam-eps 1.5e-4 --learning-rate 5e-4
-  $PY -m common.plot $OUT/tuning/{noisy,noisy-buffer-50k,noisy-anneal-lr,noisy-adam-eps-3.125e-4}/* --out docs/img/rainbow_noisy.png \
+  $PY -m jaxzoo.plot $OUT/tuning/{noisy,noisy-buffer-50k,noisy-anneal-lr,noisy-adam-eps-3.125e-4}/* --out docs/img/rainbow_noisy.png \
     --title "noisy preset variants on CartPole-v1, 8 seeds each" --smooth 5
 fi
 if [[ $what == ablation || $what == all ]]; then
@@ -64,12 +64,12 @@ if [[ $what == ablation || $what == all ]]; then
   run ablation no-noisy --preset rainbow --no-noisy
   run ablation no-distributional --preset rainbow --num-atoms 1 --adam-eps 1e-8
   run ablation no-n-step --preset rainbow --n-step 1
-  $PY -m common.plot $OUT/ablation/*/* --out docs/img/rainbow_ablation.png \
+  $PY -m jaxzoo.plot $OUT/ablation/*/* --out docs/img/rainbow_ablation.png \
     --title "Rainbow minus one component, CartPole-v1, $SEEDS seeds each" --smooth 5
 fi
 if [[ $what == minatar || $what == all ]]; then
   run minatar breakout --preset breakout-minatar
-  $PY -m common.plot $OUT/minatar/breakout/* --out docs/img/rainbow_breakout_minatar.png \
+  $PY -m jaxzoo.plot $OUT/minatar/breakout/* --out docs/img/rainbow_breakout_minatar.png \
     --title "Rainbow on Breakout-MinAtar, $SEEDS seeds"
 fi
 if [[ $what == timing || $what == all ]]; then

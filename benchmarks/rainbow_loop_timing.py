@@ -21,8 +21,7 @@ from pathlib import Path
 
 import jax
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from algos import rainbow  # noqa: E402
+from jaxzoo.algos import rainbow  # noqa: E402
 
 
 def time_compiled(train, keys, repeats: int) -> tuple[float, float, float]:

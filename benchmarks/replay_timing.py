@@ -22,8 +22,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import buffers  # noqa: E402
+from jaxzoo import buffers  # noqa: E402
 
 SEEDS, ENVS, CAPACITY, BATCH, STEPS, ALPHA = 8, 10, 10_000, 128, 1_000, 0.5
 OBS = 4  # CartPole

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import logger, plot
+from jaxzoo import logger, plot
 
 
 def summarize(run_dir: Path) -> dict:

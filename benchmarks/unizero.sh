@@ -31,9 +31,9 @@ one_process_per_seed() {  # ROOT, then algos/unizero.py flags
 if [[ $what == cartpole-v0 || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0"
   $PY algos/unizero.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/cartpole-v0" --eval-every 5
-  $PY -m common.plot $OUT/cartpole-v0/* --out docs/img/unizero_cartpole_v0.png \
+  $PY -m jaxzoo.plot $OUT/cartpole-v0/* --out docs/img/unizero_cartpole_v0.png \
     --title "UniZero on CartPole-v0 (200-step cap), $SEEDS seeds"
-  $PY -m common.plot $OUT/cartpole-v0/* --metric eval_return --out docs/img/unizero_cartpole_v0_eval.png \
+  $PY -m jaxzoo.plot $OUT/cartpole-v0/* --metric eval_return --out docs/img/unizero_cartpole_v0_eval.png \
     --title "UniZero on CartPole-v0, $SEEDS seeds: greedy evaluation with search during training"
 fi
 if [[ $what == cartpole || $what == all ]]; then
@@ -41,7 +41,7 @@ if [[ $what == cartpole || $what == all ]]; then
   $PY algos/unizero.py --preset cartpole --num-seeds "$SEEDS" --run-root "$OUT/cartpole" --eval-every 10
   $PY algos/ppo.py --preset cartpole --total-timesteps 50000 --num-seeds "$SEEDS" --run-root "$OUT/ppo-cartpole" \
     --exp-name ppo
-  $PY -m common.plot $OUT/cartpole/* $OUT/ppo-cartpole/* --out docs/img/unizero_vs_ppo_cartpole.png \
+  $PY -m jaxzoo.plot $OUT/cartpole/* $OUT/ppo-cartpole/* --out docs/img/unizero_vs_ppo_cartpole.png \
     --title "CartPole-v1, $SEEDS seeds: UniZero vs PPO at equal env steps"
 fi
 if [[ $what == breakout || $what == all ]]; then
@@ -51,7 +51,7 @@ if [[ $what == breakout || $what == all ]]; then
   one_process_per_seed "$OUT/breakout-minatar" --preset breakout-minatar --total-timesteps "$steps"
   $PY algos/ppo.py --preset breakout-minatar --total-timesteps "$steps" --num-seeds "$SEEDS" \
     --run-root "$OUT/ppo-breakout-minatar" --exp-name ppo-minatar
-  $PY -m common.plot $OUT/breakout-minatar/*/ $OUT/ppo-breakout-minatar/* --out docs/img/unizero_vs_ppo_breakout.png \
+  $PY -m jaxzoo.plot $OUT/breakout-minatar/*/ $OUT/ppo-breakout-minatar/* --out docs/img/unizero_vs_ppo_breakout.png \
     --title "Breakout-MinAtar, $SEEDS seeds: UniZero vs PPO at equal env steps"
 fi
 if [[ $what == vs-lightzero || $what == all ]]; then
@@ -68,7 +68,7 @@ if [[ $what == puct || $what == all ]]; then
   #   python benchmarks/summarize.py --reach 195 $OUT/cartpole-v0-puct/*/ $OUT/vs-lightzero/*/
   rm -rf "$OUT/cartpole-v0-puct"
   one_process_per_seed "$OUT/cartpole-v0-puct" --preset cartpole-v0-puct --eval-every 5
-  $PY -m common.plot $OUT/vs-lightzero/*/ $OUT/cartpole-v0-puct/*/ --metric eval_return \
+  $PY -m jaxzoo.plot $OUT/vs-lightzero/*/ $OUT/cartpole-v0-puct/*/ --metric eval_return \
     --out docs/img/unizero_gumbel_vs_puct_v0.png \
     --title "CartPole-v0, $SEEDS seeds: evaluation, Gumbel (16 sims) vs PUCT (25)"
 fi

@@ -20,7 +20,7 @@ if [[ $what == cartpole || $what == all ]]; then  # the default run: CartPole-v1
   $PY algos/unizero_ppo.py --num-seeds "$SEEDS" --run-root "$OUT/cartpole" --eval-search 16
   $PY algos/ppo.py --preset cartpole --total-timesteps 100000 --num-seeds "$SEEDS" --run-root "$OUT/ppo-cartpole" \
     --exp-name ppo
-  $PY -m common.plot $OUT/cartpole/* $OUT/ppo-cartpole/* --labels "UniZero-PPO (defaults)" PPO --smooth 3 \
+  $PY -m jaxzoo.plot $OUT/cartpole/* $OUT/ppo-cartpole/* --labels "UniZero-PPO (defaults)" PPO --smooth 3 \
     --out docs/img/unizero_ppo_vs_ppo_cartpole.png --title "CartPole-v1, $SEEDS seeds: UniZero-PPO vs PPO at equal env steps"
 fi
 if [[ $what == cartpole-v0 || $what == all ]]; then  # the seed's CartPole-v0: 200-step episodes, 20k steps
@@ -35,7 +35,7 @@ if [[ $what == cartpole-v0 || $what == all ]]; then  # the seed's CartPole-v0: 2
   for run in benchmarks/out/unizero/vs-lightzero/*/; do  # one run directory per seed
     if [[ -f $run/eval.json ]]; then runs+=("$run"); labels+=("UniZero (MCTS, 16 sims)"); fi
   done
-  $PY -m common.plot "${runs[@]}" --labels "${labels[@]}" --out docs/img/unizero_ppo_cartpole_v0.png --smooth 3 \
+  $PY -m jaxzoo.plot "${runs[@]}" --labels "${labels[@]}" --out docs/img/unizero_ppo_cartpole_v0.png --smooth 3 \
     --title "CartPole-v0 (200-step cap), 20k env steps per seed"
 fi
 if [[ $what == ablations || $what == all ]]; then  # the cartpole-v0 preset with one setting changed at a time
@@ -58,7 +58,7 @@ if [[ $what == breakout || $what == all ]]; then
     --run-root "$OUT/breakout-minatar"
   $PY algos/ppo.py --preset breakout-minatar --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
     --run-root "$OUT/ppo-breakout-minatar" --exp-name ppo-minatar
-  $PY -m common.plot $OUT/breakout-minatar/* $OUT/ppo-breakout-minatar/* --labels UniZero-PPO PPO \
+  $PY -m jaxzoo.plot $OUT/breakout-minatar/* $OUT/ppo-breakout-minatar/* --labels UniZero-PPO PPO \
     --out docs/img/unizero_ppo_vs_ppo_breakout.png \
     --title "Breakout-MinAtar, $SEEDS seeds: UniZero-PPO vs PPO at equal env steps"
 fi

@@ -13,14 +13,12 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import jax
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from algos import unizero as uz  # noqa: E402
+from jaxzoo.algos import unizero as uz  # noqa: E402
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import logger
+from jaxzoo import logger
 
 
 def ours(run_dir: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.resources
 import json
 import os
 import sys
@@ -23,16 +24,14 @@ import tyro
 
 ArgsT = TypeVar("ArgsT")
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
 def presets(algo: str) -> dict[str, dict[str, Any]]:
-    """All preset tables of `configs/<algo>.toml` (empty if the file is missing)."""
-    path = CONFIG_DIR / f"{algo}.toml"
-    if not path.exists():
+    """All preset tables of `configs/<algo>.toml` (empty if the file is missing),
+    read from the installed package (`jaxzoo.configs`), so a copied algorithm
+    file finds its presets wherever it runs."""
+    path = importlib.resources.files("jaxzoo.configs").joinpath(f"{algo}.toml")
+    if not path.is_file():
         return {}
-    with open(path, "rb") as f:
-        return tomllib.load(f)
+    return tomllib.loads(path.read_text())
 
 
 def apply_overrides(args: ArgsT, overrides: dict[str, Any], source: str) -> ArgsT:

@@ -48,7 +48,7 @@ import numpy as np
 from flax import struct
 from jax.experimental import io_callback
 
-from common import envs
+from jaxzoo import envs
 
 PREFIX = "dmc:"
 

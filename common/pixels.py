@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from gymnax.environments import spaces
 
-from common import envs
+from jaxzoo import envs
 
 # --------------------------------------------------------------------------- #
 # Drawing primitives: distances in pixels, coverage in [0, 1]

@@ -1,8 +1,8 @@
 """Learning curves from run directories: mean over seeds with a 95% confidence
 band, against environment steps, written as PNG.
 
-    python -m common.plot runs/CartPole-v1__ppo__0__* --out cartpole.png
-    python -m common.plot runs/A runs/B --labels A B --metric episode_return
+    python -m jaxzoo.plot runs/CartPole-v1__ppo__0__* --out cartpole.png
+    python -m jaxzoo.plot runs/A runs/B --labels A B --metric episode_return
 
 Runs with the same label (by default their `exp_name`) are pooled: every seed
 of every run directory is one curve sample.
@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from common.logger import read_metrics
+from jaxzoo.logger import read_metrics
 
 
 def seed_curves(run_dir: str | Path, metric: str = "episode_return") -> tuple[np.ndarray, list[np.ndarray]]:

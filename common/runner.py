@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import checkpoint, logger
+from jaxzoo import checkpoint, logger
 
 
 @dataclass

@@ -1,7 +1,10 @@
 """Shared test setup: a private JAX compilation cache and small helpers."""
 
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,8 @@ os.environ["XLA_FLAGS"] = " ".join(
 ).strip()
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests run from a clone even before `pip install -e .`
+# The tests import the installed package (`pip install -e ".[dev]"`): `jaxzoo`,
+# `jaxzoo.algos`, never the folders by their own names.
 
 
 def pytest_collection_modifyitems(items):
@@ -33,6 +37,20 @@ def pytest_collection_modifyitems(items):
 def _compile_cache(tmp_path_factory):
     os.environ["JAXZOO_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax-cache"))
     yield
+
+
+def run_copied_script(algo: str, argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """Copy `algos/<algo>.py` alone into a fresh directory outside the repository
+    and run it there as a user who copied one file would: only the installed
+    package on the path (presets included), no PYTHONPATH."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"copied-{algo}-"))
+    shutil.copy(ROOT / "algos" / f"{algo}.py", workdir)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    try:
+        return subprocess.run([sys.executable, f"{algo}.py", *argv], cwd=workdir, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 class Killed(Exception):
@@ -51,7 +69,7 @@ def assert_killed_run_resumes_exactly(module, args, kill_after_update: int, chec
     import jax
     import numpy as np
 
-    from common import checkpoint, logger
+    from jaxzoo import checkpoint, logger
 
     full = module.main(args) if full is None else full
     original_log = logger.Run.log

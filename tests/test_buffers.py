@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import buffers
+from jaxzoo import buffers
 
 
 def filled(rows_written, rows=6, num_envs=2):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import checkpoint
+from jaxzoo import checkpoint
 
 
 def state():

@@ -7,8 +7,8 @@ import tomllib
 
 import pytest
 
-from algos.ppo import Args
-from common import cli
+from jaxzoo.algos.ppo import Args
+from jaxzoo import cli
 from conftest import ROOT
 
 

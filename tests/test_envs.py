@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import envs
+from jaxzoo import envs
 
 
 def test_unknown_env_id_lists_valid_ids():

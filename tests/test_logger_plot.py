@@ -4,8 +4,8 @@
 import numpy as np
 import pytest
 
-from algos.ppo import Args
-from common import logger, plot
+from jaxzoo.algos.ppo import Args
+from jaxzoo import logger, plot
 
 
 def chunk(updates, seeds=2, value=1.0):

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algos import mpo
-from common import cli, logger
+from jaxzoo.algos import mpo
+from jaxzoo import cli, logger
 from conftest import assert_killed_run_resumes_exactly
 
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algos.mpo import (alpha_loss, decoupled_kls, e_step, gaussian_kl, gaussian_log_prob, m_step_loss, n_step_targets,
+from jaxzoo.algos.mpo import (alpha_loss, decoupled_kls, e_step, gaussian_kl, gaussian_log_prob, m_step_loss, n_step_targets,
                        positive, retrace_target, weights_kl_to_uniform)
 
 

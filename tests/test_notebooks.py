@@ -1,6 +1,5 @@
 """Every notebook runs top to bottom at a tiny budget (JAXZOO_NOTEBOOK_TINY=1)."""
 
-import os
 
 import nbformat
 import pytest
@@ -14,10 +13,9 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes(path, monkeypatch):
     monkeypatch.setenv("JAXZOO_NOTEBOOK_TINY", "1")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     notebook = nbformat.read(path, as_version=4)
     source = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
-    assert f"from algos import {path.stem}" in source, "notebooks import the algorithm, never copy it"
+    assert f"from jaxzoo.algos import {path.stem}" in source, "notebooks import the algorithm, never copy it"
     NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
     errors = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
               if o.get("output_type") == "error"]

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import envs, pixels
+from jaxzoo import envs, pixels
 
 
 def pendulum_obs(theta: float) -> jax.Array:

@@ -4,8 +4,6 @@ at episode ends, resume, bad input."""
 import dataclasses
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -17,9 +15,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from algos import planet
-from common import cli, dmc, logger
-from conftest import ROOT, assert_killed_run_resumes_exactly
+from jaxzoo.algos import planet
+from jaxzoo import cli, dmc, logger
+from conftest import assert_killed_run_resumes_exactly, run_copied_script
 
 
 def tiny(tmp_path, **overrides) -> planet.Args:
@@ -78,11 +76,7 @@ def test_replay_rows_keep_the_final_frame_and_mark_episode_starts(tiny_run):
 
 
 def test_cli_runs_the_tiny_preset(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "algos/planet.py", "--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
+    out = run_copied_script("planet", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     (run_dir,) = tmp_path.iterdir()
     assert (run_dir / "eval.json").exists() and (run_dir / "args.json").exists()

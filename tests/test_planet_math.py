@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from algos.planet import (Args, Latent, RSSM, StridedConv, StridedConvTranspose, WorldModel, cem_plan,
+from jaxzoo.algos.planet import (Args, Latent, RSSM, StridedConv, StridedConvTranspose, WorldModel, cem_plan,
                           kl_with_free_nats, open_loop_prediction, overshooting_kl, preprocess_obs, rssm_imagine,
                           rssm_observe, rssm_observe_step)
 

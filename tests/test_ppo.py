@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from algos import ppo
-from common import checkpoint, cli, logger, runner
-from conftest import ROOT, assert_killed_run_resumes_exactly
+from jaxzoo.algos import ppo
+from jaxzoo import checkpoint, cli, logger, runner
+from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script
 
 
 def tiny(tmp_path, **overrides) -> ppo.Args:
@@ -126,10 +126,7 @@ def test_variants_run(tmp_path, overrides):
 
 
 def test_cli_tiny_run(tmp_path):
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "algos" / "ppo.py"), "--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)],
-        capture_output=True, text=True, cwd=tmp_path,
-    )
+    out = run_copied_script("ppo", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)])
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout and "steps/s" in out.stdout
     (run_dir,) = tmp_path.iterdir()
@@ -175,8 +172,8 @@ def test_multi_seed_cnn_init_does_not_deadlock(seeding):
     code = (
         "import jax, numpy as np\n"
         "from flax import nnx\n"
-        "from algos import ppo\n"
-        "from common import envs, runner\n"
+        "from jaxzoo.algos import ppo\n"
+        "from jaxzoo import envs, runner\n"
         "spec = envs.spec(*envs.make('Breakout-MinAtar', 16))\n"
         "init = lambda key: nnx.split(ppo.ActorCritic(spec, 'cnn', (128,), 'relu', False, nnx.Rngs(key)))[1]\n"
         f"seeding = {seeding!r}\n"

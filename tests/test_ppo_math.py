@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algos.ppo import Batch, Hyperparams, adapt_kl_coef, compute_gae, explained_variance, ppo_loss, Args
+from jaxzoo.algos.ppo import Batch, Hyperparams, adapt_kl_coef, compute_gae, explained_variance, ppo_loss, Args
 
 
 def gae_by_definition(rewards, values, next_values, terminated, truncated, gamma, lam):
@@ -167,7 +167,7 @@ def test_hand_written_distributions_match_distrax():
     part of what the file teaches); distrax is the reference."""
     import distrax
 
-    from algos.ppo import Categorical, DiagGaussian
+    from jaxzoo.algos.ppo import Categorical, DiagGaussian
 
     keys = jax.random.split(jax.random.key(0), 4)
     logits = jax.random.normal(keys[0], (5, 3)) * 2.0

@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from algos import rainbow
-from common import checkpoint, cli, logger
-from conftest import ROOT, assert_killed_run_resumes_exactly
+from jaxzoo.algos import rainbow
+from jaxzoo import checkpoint, cli, logger
+from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script
 
 TABLES = tomllib.loads((ROOT / "configs" / "rainbow.toml").read_text())
 # Presets that only change the game of another preset are covered by that preset.
@@ -109,8 +109,7 @@ def test_bad_values_are_named():
 
 
 def test_cli_tiny_run_and_help(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "algos" / "rainbow.py"), "--preset", "tiny", "--num-seeds", "2",
-                          "--run-root", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
+    out = run_copied_script("rainbow", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)])
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout
     help_out = subprocess.run([sys.executable, str(ROOT / "algos" / "rainbow.py"), "--help"],

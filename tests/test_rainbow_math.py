@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from algos.rainbow import (NoisyLinear, bootstrap_outputs, categorical_projection, dueling_aggregate, importance_weights,
+from jaxzoo.algos.rainbow import (NoisyLinear, bootstrap_outputs, categorical_projection, dueling_aggregate, importance_weights,
                            linear_schedule, n_step_targets)
 
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import logger, runner
+from jaxzoo import logger, runner
 from conftest import Killed
 
 

@@ -2,16 +2,14 @@
 the command line, bad input."""
 
 import dataclasses
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-from algos import unizero as uz
-from common import cli, logger, runner
-from conftest import ROOT, assert_killed_run_resumes_exactly
+from jaxzoo.algos import unizero as uz
+from jaxzoo import cli, logger, runner
+from conftest import assert_killed_run_resumes_exactly, run_copied_script
 
 LOSSES = ("loss", "latent_loss", "reward_loss", "policy_loss", "value_loss", "grad_norm")
 
@@ -74,8 +72,7 @@ def test_same_seed_reruns_identically_and_a_killed_run_resumes_exactly(tiny_run,
 
 def test_cli_tiny_run(tmp_path):
     # Same program as tiny_run (2 seeds), so the compilation cache of the session serves it.
-    out = subprocess.run([sys.executable, str(ROOT / "algos" / "unizero.py"), "--preset", "tiny", "--num-seeds", "2",
-                          "--run-root", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
+    out = run_copied_script("unizero", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)])
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from algos import unizero, unizero_ppo
+from jaxzoo.algos import unizero, unizero_ppo
 
 SIZES = dict(embed_dim=16, num_layers=2, num_heads=2, support_size=21)
 OBS_SHAPE, NUM_ACTIONS, B, K = (4,), 2, 3, 5

@@ -2,8 +2,6 @@
 seed 000 (each pinned by a regression test), and the end-to-end run."""
 
 import dataclasses
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,9 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from algos import unizero_ppo as uz
-from common import cli
-from conftest import ROOT, assert_killed_run_resumes_exactly
+from jaxzoo.algos import unizero_ppo as uz
+from jaxzoo import cli
+from conftest import assert_killed_run_resumes_exactly, run_copied_script
 
 
 def tiny(tmp_path=None, **overrides) -> uz.Args:
@@ -291,11 +289,10 @@ def test_bad_input(tmp_path):
 
 
 def test_cli_tiny_run(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "algos" / "unizero_ppo.py"), "--preset", "tiny", "--num-seeds", "2",
-                          "--run-root", str(tmp_path), "--eval-search", "2",
-                          # the seed's schedule and joint loss, end to end (the other runs use the defaults)
-                          "--update-epochs", "0", "--batch-size", "8", "--replay-ratio", "0.05",
-                          "--no-ppo-heads-only"],
-                         capture_output=True, text=True, cwd=tmp_path)
+    out = run_copied_script("unizero_ppo", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path),
+                                            "--eval-search", "2",
+                                            # the seed's schedule and joint loss, end to end (the other runs use the defaults)
+                                            "--update-epochs", "0", "--batch-size", "8", "--replay-ratio", "0.05",
+                                            "--no-ppo-heads-only"])
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout and "Gumbel search" in out.stdout

@@ -5,8 +5,6 @@ the CLI, bad input, the CarRacing path."""
 import dataclasses
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,9 +14,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from algos import world_models as wm
-from common import checkpoint, cli, logger
-from conftest import ROOT, Killed
+from jaxzoo.algos import world_models as wm
+from jaxzoo import checkpoint, cli, logger
+from conftest import Killed, run_copied_script
 
 
 def tiny(tmp_path, **overrides) -> wm.Args:
@@ -139,11 +137,8 @@ def test_paper_sizes_trace():
 
 
 def test_cli_runs_a_stage_alone(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "algos/world_models.py", "--preset", "tiny", "--stages", "collect", "--run-root", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
+    out = run_copied_script("world_models", ["--preset", "tiny", "--stages", "collect", "--run-root", str(tmp_path)],
+                            timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     (run_dir,) = tmp_path.iterdir()
     assert json.loads((run_dir / "args.json").read_text())["stages"] == ["collect"]

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from algos import world_models as wm
-from common import runner
+from jaxzoo.algos import world_models as wm
+from jaxzoo import runner
 
 
 def test_mdn_log_prob_matches_the_mixture_density_in_1d():
