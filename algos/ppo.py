@@ -649,11 +649,10 @@ def make_train(args: Args) -> PPO:
 def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
     run directory, metrics.csv, progress, checkpoints, resume), then evaluate greedily."""
-    args = cli.resolve_resume(args)
-    cli.configure_jax(args.compile_cache)
+    args = runner.prepare(args, "ppo")  # resume, run-root and cache checks, before anything is built
     ppo = make_train(args)
     return runner.run(
-        args, ppo.init, ppo.update, ppo.evaluate, num_updates=args.num_updates, steps_per_update=args.batch_size
+        args, "ppo", ppo.init, ppo.update, ppo.evaluate, num_updates=args.num_updates, steps_per_update=args.batch_size
     )
 
 

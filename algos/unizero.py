@@ -774,10 +774,9 @@ def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
     run directory, metrics.csv, progress, checkpoints with replay, resume), then
     evaluate greedily with the search."""
-    args = cli.resolve_resume(args)
-    cli.configure_jax(args.compile_cache)
+    args = runner.prepare(args, "unizero")  # resume, run-root and cache checks, before anything is built
     algo = make_train(args)
-    return runner.run(args, algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
+    return runner.run(args, "unizero", algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
                       steps_per_update=args.steps_per_update, eval_every=args.eval_every)
 
 

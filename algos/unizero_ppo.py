@@ -826,10 +826,9 @@ def make_train(args: Args) -> UniZeroPPO:
 def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` phases (common/runner.py),
     then evaluate the pure policy greedily and, with --eval-search, with search."""
-    args = cli.resolve_resume(args)
-    cli.configure_jax(args.compile_cache)
+    args = runner.prepare(args, "unizero_ppo")  # resume, run-root and cache checks, before anything is built
     algo = make_train(args)
-    result = runner.run(args, algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
+    result = runner.run(args, "unizero_ppo", algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
                         steps_per_update=args.batch_steps, eval_every=args.eval_every)
     if args.eval_search:
         seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)

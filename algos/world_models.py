@@ -27,9 +27,9 @@ Details, logged metrics and measured results: docs/world_models.md.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -945,12 +945,15 @@ def init_seeds(stage: Stage, name: str, seeds, inputs):
     return jax.lax.map(lambda a: stage.init(jax.random.fold_in(jax.random.key(a[0]), index), a[1]), (seeds, inputs))
 
 
-def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seeds: np.ndarray, wm: WorldModels):
+def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seeds: np.ndarray, wm: WorldModels,
+              stop: runner.StopRequest):
     """One stage for all seeds: init (or restore the stage's newest checkpoint,
     which is how --resume continues a stage), then chunks of `log_every` updates
-    (one jitted `lax.scan` from common/runner.make_chunk, vmapped over seeds by
-    common/runner.over_seeds, the state donated), metrics.csv and checkpoints
-    in `stage_dir`. Returns (state [num_seeds, ...], seconds, chunk traces)."""
+    (one jitted `lax.scan` from jaxzoo.runner.make_chunk, vmapped over seeds by
+    jaxzoo.runner.over_seeds, the state donated), metrics.csv and checkpoints
+    in `stage_dir`. A non-finite state stops the run (cli.Diverged) before it
+    is saved; a SIGINT / SIGTERM (`stop`) checkpoints after the chunk and
+    exits. Returns (state [num_seeds, ...], seconds, chunk traces)."""
     start = time.perf_counter()
     updates_done = checkpoint.latest_update(stage_dir)
     if updates_done is not None:
@@ -963,41 +966,54 @@ def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seed
     else:
         state = jax.jit(lambda s, i: init_seeds(stage, name, s, i), compiler_options=runner.RUN_ONCE)(seeds, inputs)
     run_log = logger.Run(args, stage_dir, total_steps=stage.num_updates * stage.steps_per_update,
-                         tensorboard=args.tensorboard, track=args.track, resume_from_update=updates_done)
+                         tensorboard=args.tensorboard, track=args.track, resume_from_update=updates_done,
+                         meta=META)
     traces = [0]
     if stage.host:
-        def run_chunk(state, first_update, inputs):
+        def run_chunk(state, first_update, last_update, inputs):
             one = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731
-            state, rows = one(state), []
-            for _ in range(min(args.log_every, stage.num_updates - first_update)):
+            state, rows, health = one(state), [], np.full((1, 2), -1)
+            for index in range(first_update + 1, last_update + 1):
                 state, metrics = stage.update(state, one(inputs))
                 rows.append(metrics)
-            return jax.tree.map(lambda x: x[None], state), jax.tree.map(lambda *x: jnp.stack(x)[None], *rows)
+                bad_leaf = int(runner.first_nonfinite_leaf(state))
+                if bad_leaf >= 0 and health[0, 0] < 0:
+                    health[0] = index, bad_leaf
+            return jax.tree.map(lambda x: x[None], state), jax.tree.map(lambda *x: jnp.stack(x)[None], *rows), health
     else:
-        def chunk(state, first_update, inputs):
+        def chunk(state, first_update, last_update, inputs):
             # The inputs (rollouts, earlier stages' parameters) are traced
             # arguments, never constants baked into the program.
             traces[0] += 1
-            scan, _ = runner.make_chunk(lambda s: stage.update(s, inputs), stage.num_updates, args.log_every)
-            return scan(state, first_update)
+            scan, _ = runner.make_chunk(lambda s: stage.update(s, inputs), args.log_every)
+            return scan(state, first_update, last_update)
 
-        run_chunk = jax.jit(runner.over_seeds(chunk, args.num_seeds, (0, None, 0)), donate_argnums=0,
+        run_chunk = jax.jit(runner.over_seeds(chunk, args.num_seeds, (0, None, None, 0)), donate_argnums=0,
                             compiler_options=wm.compiler_options)
     last_checkpoint = done = updates_done or 0
     clock = time.perf_counter()
     while done < stage.num_updates:
-        state, metrics = run_chunk(state, done if stage.host else jnp.int32(done), inputs)
         count = min(args.log_every, stage.num_updates - done)
+        bounds = (done, done + count) if stage.host else (jnp.int32(done), jnp.int32(done + count))
+        state, metrics, health = run_chunk(state, *bounds, inputs)
         metrics = {k: np.asarray(v)[:, :count] for k, v in jax.device_get(metrics).items()}
         now = time.perf_counter()
         rate = count * stage.steps_per_update * args.num_seeds / (now - clock)  # the first chunk includes compiling
         metrics["steps_per_second"], clock = np.full((args.num_seeds, count), rate), now
         update_index = np.arange(done + 1, done + count + 1)
         run_log.log(update_index, update_index * stage.steps_per_update, metrics)
+        runner.check_health(jax.device_get(health), state, metrics, done, args, stage_dir)
         done += count
-        if args.save_model and (done - last_checkpoint >= args.checkpoint_every or done == stage.num_updates):
+        due = done - last_checkpoint >= args.checkpoint_every or done == stage.num_updates
+        if args.save_model and (due or stop.signum is not None):
             checkpoint.save(stage_dir, done, state)
             last_checkpoint = done
+        if stop.signum is not None and done < stage.num_updates:
+            run_log.close()
+            saved = f"checkpoint at update {done} written" if args.save_model else "no checkpoint (--no-save-model)"
+            print(f"stopped by {signal.Signals(stop.signum).name} in stage {name!r} after update {done} of "
+                  f"{stage.num_updates}; {saved}. Resume with:\n  {runner.resume_command(stage_dir.parent)}")
+            raise SystemExit(128 + stop.signum)
     run_log.progress(done * stage.steps_per_update, final=True)
     run_log.close()
     jax.block_until_ready(state)
@@ -1042,18 +1058,19 @@ def main(args: Args) -> dict:
     from --source-run; then evaluate the final controller (the CMA-ES mean)
     over `eval_episodes` real episodes. Returns a summary (also eval.json)
     with the stages' final states under "outputs"."""
-    args = cli.resolve_resume(args)
-    cli.configure_jax(args.compile_cache)
-    wm = make_train(args)
-    seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
-    if args.resume is not None:
-        run_dir = Path(args.resume)
-    else:
-        run_dir = logger.new_run_dir(args.run_root, args.env_id, args.exp_name, args.seed)
-        (run_dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2, default=str) + "\n")
+    args = runner.prepare(args, "world_models")  # resume, run-root and cache checks, before anything is built
     if STAGES.index(args.stages[0]) > 0 and args.source_run is None:
         raise ValueError(f"stages {list(args.stages)} start after {STAGES[0]!r}: pass --source-run RUN_DIR, a run "
                          "that finished the earlier stages")
+    wm = make_train(args)
+    with runner.open_run_dir(args, "world_models") as run_dir, runner.StopRequest() as stop:
+        logger.write_args_json(run_dir, args, META)
+        return run_pipeline(args, wm, run_dir, stop)
+
+
+def run_pipeline(args: Args, wm: WorldModels, run_dir: Path, stop: runner.StopRequest) -> dict:
+    """`main` inside its locked run directory: the stages, then the evaluation."""
+    seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
     outputs, seconds, traces = {}, {}, {}
     for i, name in enumerate(STAGES[: STAGES.index(args.stages[-1]) + 1]):
         stage = getattr(wm, name)
@@ -1061,7 +1078,7 @@ def main(args: Args) -> dict:
         if name in args.stages:
             print(f"[world_models] stage {i + 1}/4 {name}: {stage.num_updates} update(s) -> {run_dir / name}")
             outputs[name], seconds[name], traces[name] = run_stage(args, name, stage, run_dir / name, inputs, seeds,
-                                                                   wm)
+                                                                   wm, stop)
         else:
             outputs[name] = load_stage(Path(args.source_run), name, stage, seeds, inputs, wm)
     summary = {"run_dir": str(run_dir), "stage_seconds": seconds, "chunk_traces": traces}
@@ -1075,6 +1092,9 @@ def main(args: Args) -> dict:
         else:
             returns = np.asarray(jax.jit(jax.vmap(wm.evaluate), compiler_options=wm.compiler_options)(params, mean, keys))
         seconds["evaluate"] = time.perf_counter() - start
+        if not np.isfinite(returns).all():
+            raise cli.Diverged(f"the controller's evaluation returned non-finite returns; no eval.json was written "
+                               f"(run directory {run_dir})")
         summary.update(returns=returns, mean=float(returns.mean()), std=float(returns.std()),
                        per_seed=[[float(r.mean()), float(r.std())] for r in returns],
                        best_fitness=np.asarray(outputs["controller"].best_fitness), controller_env=args.controller_env)
@@ -1083,6 +1103,10 @@ def main(args: Args) -> dict:
     print("[world_models] seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
     (run_dir / "eval.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     return {**summary, "outputs": outputs}
+
+
+# What args.json and each stage's copy of it record besides the Args fields.
+META = {"algorithm": "world_models", "jaxzoo_version": runner.package_version()}
 
 
 def _json_default(x):

@@ -97,7 +97,8 @@ def parse(args_cls: type[ArgsT], algo: str, argv: Sequence[str] | None = None) -
     try:
         defaults = preset_args(args_cls, algo, preset)
     except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
     names = ", ".join(sorted(presets(algo))) or "none"
     description = (
         f"{(args_cls.__doc__ or '').strip()}\n\n"
@@ -107,26 +108,85 @@ def parse(args_cls: type[ArgsT], algo: str, argv: Sequence[str] | None = None) -
     return tyro.cli(args_cls, args=rest, default=defaults, description=description)
 
 
-def load_run_args(args_cls: type[ArgsT], run_dir: str | os.PathLike) -> ArgsT:
-    """The `Args` a run was started with, read back from its `args.json`."""
+# Exit codes of the algorithm scripts (docs/reliability.md).
+EXIT_USAGE = 2  # bad arguments, unknown env id, unusable or busy run directory, missing checkpoint
+EXIT_DIVERGED = 3  # a seed's state became non-finite: the run stopped, its last finite checkpoint kept
+# Stopped by SIGINT / SIGTERM after writing a checkpoint: 128 + the signal number (130, 143).
+
+# Fields that may differ from the saved run when resuming it: how long it runs,
+# how it reports and where it caches compiled code. Any other flag given with
+# --resume that differs from the run's args.json is refused.
+RESUMABLE_FIELDS = ("resume", "total_timesteps", "log_every", "checkpoint_every", "track", "tensorboard",
+                    "compile_cache", "save_model", "run_root")
+
+
+def load_run_args(args_cls: type[ArgsT], run_dir: str | os.PathLike, algorithm: str | None = None) -> ArgsT:
+    """The `Args` a run was started with, read back from its `args.json`.
+
+    With `algorithm`, a run written by another algorithm file is refused: its
+    args.json names its algorithm (runs written before it did are recognised by
+    their set of fields)."""
     path = Path(run_dir) / "args.json"
     if not path.exists():
         raise FileNotFoundError(
             f"cannot resume from {str(run_dir)!r}: {path} does not exist "
             "(pass the directory of an earlier run, e.g. runs/CartPole-v1__ppo__0__...)"
         )
-    saved = json.loads(path.read_text())
-    saved = {k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(args_cls)}}
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"cannot resume from {str(run_dir)!r}: {path} is not valid JSON ({error})") from None
+    fields = {f.name for f in dataclasses.fields(args_cls)}
+    if algorithm is not None:
+        written_by = saved.get("algorithm")
+        foreign = sorted(set(saved) - fields - {"algorithm", "jaxzoo_version"})
+        missing = sorted(fields - set(saved))
+        if written_by not in (None, algorithm) or (written_by is None and (foreign or missing)):
+            by = f"{written_by}.py" if written_by else "another algorithm file (its fields differ: " + \
+                f"{foreign[:4]} not in {algorithm}'s Args, {missing[:4]} missing)"
+            raise ValueError(f"cannot resume {str(run_dir)!r} with {algorithm}.py: it was written by {by}; "
+                             f"resume it with the file that wrote it")
+    saved = {k: v for k, v in saved.items() if k in fields}
     return apply_overrides(args_cls(), saved, str(path))
 
 
-def resolve_resume(args: ArgsT) -> ArgsT:
+def resolve_resume(args: ArgsT, algorithm: str | None = None) -> ArgsT:
     """With `args.resume` set, the `Args` saved in that run directory (its
-    args.json), keeping `resume`: a resumed run continues exactly the run it
-    resumes. Without it, `args` unchanged."""
+    args.json): a resumed run continues exactly the run it resumes.
+
+    Fields of `args` that differ from the class defaults were given on the
+    command line (or by a preset); those may change on resume only if they are
+    in RESUMABLE_FIELDS, and they are applied. Any other given field that
+    differs from the saved run is refused, with the list of differences.
+    Without `args.resume`, `args` unchanged."""
     if getattr(args, "resume", None) is None:
         return args
-    return dataclasses.replace(load_run_args(type(args), args.resume), resume=args.resume)
+    saved = load_run_args(type(args), args.resume, algorithm)
+    defaults = type(args)()
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+             if getattr(args, f.name) != getattr(defaults, f.name)}
+    conflicts = {name: (getattr(saved, name), value) for name, value in given.items()
+                 if name not in RESUMABLE_FIELDS and value != getattr(saved, name)}
+    if conflicts:
+        listed = "; ".join(f"{name}: run has {old!r}, given {new!r}" for name, (old, new) in conflicts.items())
+        raise ValueError(
+            f"--resume {args.resume}: flags differ from the saved run ({listed}). A resumed run continues the "
+            f"run as it was started; only {', '.join(RESUMABLE_FIELDS[1:])} may change on resume"
+        )
+    return dataclasses.replace(saved, **{k: v for k, v in given.items() if k in RESUMABLE_FIELDS})
+
+
+def check_run_root(run_root: str | os.PathLike) -> None:
+    """Refuse, before anything compiles, a run root that is a file or where no
+    run directory can be created."""
+    root = Path(run_root)
+    existing = next((p for p in (root, *root.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise ValueError(f"run_root={str(run_root)!r}: {str(existing)!r} is a file, not a directory; "
+                         "pass a directory for the run directories (e.g. --run-root runs)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"run_root={str(run_root)!r}: {str(existing)!r} is not writable by this user; "
+                         "pass a directory you can write to (--run-root)")
 
 
 def configure_jax(compile_cache: bool, cache_dir: str | None = None) -> None:
@@ -145,15 +205,21 @@ def configure_jax(compile_cache: bool, cache_dir: str | None = None) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+class Diverged(RuntimeError):
+    """A seed's runner state became non-finite (NaN or inf): the run stopped."""
+
+
 @contextlib.contextmanager
 def user_errors():
     """Around `main` in a script: bad input (ValueError, FileNotFoundError) is
-    printed as one `error: ...` line with exit code 2 instead of a traceback.
-    Set JAXZOO_TRACEBACK=1 to see the traceback."""
+    printed as one `error: ...` line with exit code 2 (EXIT_USAGE) instead of a
+    traceback, a diverged run with exit code 3 (EXIT_DIVERGED). Set
+    JAXZOO_TRACEBACK=1 to see the traceback."""
     try:
         yield
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, Diverged) as error:
         if os.environ.get("JAXZOO_TRACEBACK"):
             raise
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        kind = "diverged" if isinstance(error, Diverged) else "error"
+        print(f"{kind}: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_DIVERGED if isinstance(error, Diverged) else EXIT_USAGE) from None

@@ -21,6 +21,7 @@ VecNormalize and PureJaxRL.
 
 from __future__ import annotations
 
+import difflib
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -34,6 +35,14 @@ from gymnax.environments import spaces
 # MNISTBandit downloads MNIST when it is built; nothing here may download at run time.
 _DOWNLOADS_DATA = ("MNISTBandit-bsuite",)
 ENV_IDS: tuple[str, ...] = tuple(e for e in gymnax.registered_envs if e not in _DOWNLOADS_DATA)
+
+
+def did_you_mean(value: str, choices) -> str:
+    """' (did you mean 'A' or 'B'?)' with the choices closest to `value`
+    (case-insensitive), or '' if none is close."""
+    by_lower = {c.lower(): c for c in choices}
+    close = [by_lower[c] for c in difflib.get_close_matches(value.lower(), list(by_lower), n=3, cutoff=0.6)]
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 class EnvSpec(NamedTuple):
@@ -265,7 +274,7 @@ def make(
         reaching it is a truncation, never a termination.
     """
     if env_id not in ENV_IDS:
-        hint = " (it downloads a dataset when built)" if env_id in _DOWNLOADS_DATA else ""
+        hint = " (it downloads a dataset when built)" if env_id in _DOWNLOADS_DATA else did_you_mean(env_id, ENV_IDS)
         raise ValueError(f"unknown env_id {env_id!r}{hint}; valid ids: {', '.join(ENV_IDS)}")
     if (normalize_obs or normalize_reward) and num_envs is None:
         raise ValueError("observation/reward normalisation works on a batch: pass num_envs")

@@ -13,6 +13,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,19 @@ def new_run_dir(root: str, env_id: str, exp_name: str, seed: int) -> Path:
     return path
 
 
+# Keys args.json holds besides the Args fields: which file wrote the run, and
+# the package version (a resumed run is checked against both).
+META_KEYS = ("algorithm", "jaxzoo_version")
+
+
+def write_args_json(run_dir: Path, args: Any, meta: Mapping[str, Any] | None = None) -> None:
+    """`args.json`: the Args fields, then `algorithm` and `jaxzoo_version`."""
+    payload = {**dataclasses.asdict(args), **(meta or {})}
+    tmp = Path(run_dir) / ".args.json.tmp"
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    os.replace(tmp, Path(run_dir) / "args.json")
+
+
 class Run:
     """Owns one run directory: args.json, metrics.csv, progress line, TB / W&B.
 
@@ -54,6 +68,7 @@ class Run:
         wandb_project: str = "jaxzoo",
         resume_from_update: int | None = None,
         quiet: bool = False,
+        meta: Mapping[str, Any] | None = None,
     ):
         self.args = args
         self.total_steps = total_steps
@@ -63,7 +78,7 @@ class Run:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         args_dict = dataclasses.asdict(args)
-        (self.dir / "args.json").write_text(json.dumps(args_dict, indent=2, default=str) + "\n")
+        write_args_json(self.dir, args, meta)
         self.csv_path = self.dir / "metrics.csv"
         if resume_from_update is not None:
             self._truncate_csv(resume_from_update)
@@ -102,9 +117,11 @@ class Run:
             return
         header, body = rows[0], rows[1:]
         column = header.index("update")
-        kept = [r for r in body if int(r[column]) <= last_update]
-        with open(self.csv_path, "w", newline="") as f:
+        kept = [r for r in _whole_rows(header, body) if int(r[column]) <= last_update]
+        tmp = self.csv_path.with_name(".metrics.csv.tmp")
+        with open(tmp, "w", newline="") as f:
             csv.writer(f).writerows([header, *kept])
+        os.replace(tmp, self.csv_path)
 
     def log(self, update: np.ndarray, global_step: np.ndarray, metrics: Mapping[str, np.ndarray]) -> None:
         names = sorted(metrics)
@@ -191,10 +208,26 @@ def _json_default(value: Any):
     return str(value)
 
 
+def _whole_rows(header: list[str], body: list[list[str]]) -> list[list[str]]:
+    """The rows of a metrics.csv body that were written whole: a process killed
+    while writing leaves a last row with missing or cut-off fields, which is
+    dropped (its update is redone on resume)."""
+    whole = []
+    for row in body:
+        try:
+            if len(row) == len(header):
+                [float(value) for value in row]
+                whole.append(row)
+        except ValueError:
+            pass
+    return whole
+
+
 def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
-    """metrics.csv as columns of float arrays."""
+    """metrics.csv as columns of float arrays (a half-written last row is skipped)."""
     with open(Path(run_dir) / "metrics.csv", newline="") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-        columns = reader.fieldnames or []
-    return {c: np.array([float(r[c]) for r in rows]) for c in columns}
+        rows = list(csv.reader(f))
+    if not rows:
+        return {}
+    header, body = rows[0], _whole_rows(rows[0], rows[1:])
+    return {c: np.array([float(r[i]) for r in body]) for i, c in enumerate(header)}

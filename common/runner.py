@@ -7,13 +7,21 @@ An algorithm supplies three pure functions for one seed:
     evaluate(state, key) -> returns [E]    # greedy episodes at the end
 
 and `run` does the rest: vmaps them over `num_seeds` seeds (seed index i uses
-`jax.random.key(args.seed + i)`, so `--seed 3 --num-seeds 1` reproduces seed
-index 3 of a multi-seed run), jits `log_every` updates as one `lax.scan`
-("a chunk") with the state donated so XLA updates it in place, and between
-chunks writes metrics, the progress line and checkpoints. Nothing leaves the
-device inside a chunk. The chunk is traced and compiled once: the last, partial
-chunk runs the same compiled scan with the surplus updates skipped by a
-`lax.cond` on the update counter. `init` and `evaluate` run once, so they are
+`jax.random.key(args.seed + i)`: `--seed 3 --num-seeds 1` starts from the
+bit-identical state and key stream of seed index 3 of a multi-seed run, and
+follows it up to floating-point reassociation, see docs/reliability.md), jits
+`log_every` updates as one `lax.scan` ("a chunk") with the state donated so
+XLA updates it in place, and between chunks writes metrics, the progress line
+and checkpoints. Nothing leaves the device inside a chunk. The chunk is traced
+and compiled once: a chunk of fewer updates (the last one, or a slow
+algorithm's, see CHUNK_SECONDS) runs the same compiled scan with the surplus
+updates skipped by a `lax.cond` on the update counter.
+
+Faults are loud (docs/reliability.md): every update checks that the seed's
+whole state is finite, and a non-finite seed stops the run with
+`cli.Diverged` before its state is checkpointed or evaluated; the run
+directory is locked for the run's life; SIGINT / SIGTERM write a checkpoint at
+the next chunk boundary and exit with 128 + the signal number. `init` and `evaluate` run once, so they are
 compiled without LLVM optimisation (half the compile time, which matters more
 than their run time) and on a background thread: `init` while Python traces the
 chunk, the evaluation while training runs, so most of their compile time is
@@ -26,16 +34,24 @@ run_root, eval_episodes.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import importlib.metadata
+import os
+import signal
+import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxzoo import checkpoint, logger
+from jaxzoo import checkpoint, cli, logger
 
 
 @dataclass
@@ -51,26 +67,180 @@ class RunResult:
     train_seconds: float  # wall time of the training loop (compiled code, logging, checkpoints)
 
 
-def make_chunk(update: Callable, num_updates: int, log_every: int) -> tuple[Callable, Callable[[], int]]:
-    """`chunk(state, first_update) -> (state, metrics)`: `log_every` updates of
-    one seed in a `lax.scan`; updates numbered past `num_updates` are skipped.
-    Returns the chunk and a function giving how often it has been traced."""
+# A chunk dispatched after the first two holds at most as many updates as run
+# in about this many seconds (and at most `log_every`), so a slow algorithm
+# answers Ctrl-C / SIGTERM within a few seconds; fast ones keep `log_every`.
+CHUNK_SECONDS = 2.0
+
+# Exit code of a run stopped by a signal: 128 + its number (130 for SIGINT, 143 for SIGTERM).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def first_nonfinite_leaf(tree) -> jax.Array:
+    """int32 []: the index (in `jax.tree.leaves(tree)`) of the first floating
+    leaf holding a NaN or inf, or -1 if every one is finite. Integer, boolean
+    and key leaves cannot be non-finite and are skipped."""
+    leaves = jax.tree.leaves(tree)
+    checked = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    if not checked:
+        return jnp.int32(-1)
+    bad = jnp.stack([~jnp.isfinite(leaves[i]).all() for i in checked])
+    return jnp.where(bad.any(), jnp.asarray(checked, jnp.int32)[jnp.argmax(bad)], -1)
+
+
+def make_chunk(update: Callable, log_every: int) -> tuple[Callable, Callable[[], int]]:
+    """`chunk(state, first_update, last_update) -> (state, metrics, health)`:
+    updates first_update + 1 ... min(first_update + log_every, last_update) of
+    one seed in a `lax.scan` of length `log_every` (the others are skipped, so
+    one compiled program serves every chunk). `health` int32 [2]: (the first
+    update after which the state was non-finite, the index of its first
+    non-finite leaf), or (-1, -1). Returns the chunk and a function giving how
+    often it has been traced."""
     traces = 0
 
-    def chunk(state, first_update):
+    def chunk(state, first_update, last_update):
         nonlocal traces
         traces += 1
         metrics_shape = jax.eval_shape(update, state)[1]
 
+        def run_update(state):
+            state, metrics = update(state)
+            return state, metrics, first_nonfinite_leaf(state)
+
         def skip(state):
-            return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), metrics_shape)
+            return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), metrics_shape), jnp.int32(-1)
 
-        def step(state, index):
-            return jax.lax.cond(index <= num_updates, update, skip, state)  # `index` counts from 1
+        def step(carry, index):  # `index` counts from 1
+            state, health = carry
+            state, metrics, bad_leaf = jax.lax.cond(index <= last_update, run_update, skip, state)
+            first = (health[0] < 0) & (bad_leaf >= 0)
+            return (state, jnp.where(first, jnp.stack([index, bad_leaf]), health)), metrics
 
-        return jax.lax.scan(step, state, first_update + 1 + jnp.arange(log_every))
+        no_fault = jnp.full((2,), -1, jnp.int32)
+        (state, health), metrics = jax.lax.scan(step, (state, no_fault), first_update + 1 + jnp.arange(log_every))
+        return state, metrics, health
 
     return chunk, lambda: traces
+
+
+def check_health(health: np.ndarray, state, metrics: dict[str, np.ndarray], first_update: int, args,
+                 run_dir: str | Path) -> None:
+    """Raise `cli.Diverged` if a seed's chunk `health` ([num_seeds, 2] from
+    `make_chunk`) reports a non-finite state, naming the seed index, the update,
+    the first non-finite leaf of the state and the metrics that were non-finite
+    at that update. `metrics` are the chunk's host metrics [num_seeds, count]."""
+    bad_seeds = np.flatnonzero(np.asarray(health)[:, 0] >= 0)
+    if not len(bad_seeds):
+        return
+    names = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    lines = []
+    for i in bad_seeds:
+        update, leaf = (int(v) for v in health[i])
+        column = update - first_update - 1
+        nonfinite = sorted(k for k, v in metrics.items() if 0 <= column < v.shape[1]
+                           and not np.isfinite(v[i, column]) and not k.startswith(("episode_", "eval_")))
+        lines.append(f"seed index {i} (seed {args.seed + i}) at update {update}: first non-finite value in state"
+                     f"{names[leaf]}" + (f"; non-finite metrics at that update: {', '.join(nonfinite)}" if nonfinite
+                                         else ""))
+    kept = checkpoint.latest_update(run_dir)
+    raise cli.Diverged(
+        "the run stopped: " + " | ".join(lines) + f". Nothing after the last finite checkpoint was saved "
+        f"({'update ' + str(kept) if kept is not None else 'none written'}) and no evaluation was written. "
+        f"Run directory: {run_dir}. A smaller learning rate, gradient clipping (max_grad_norm) or a different seed "
+        f"may help."
+    )
+
+
+class StopRequest:
+    """While active (`with StopRequest() as stop:`), SIGINT and SIGTERM only set
+    `stop.signum`: the loop checkpoints at its next chunk boundary and exits
+    with 128 + signum. A second signal of the same kind stops at once (the
+    previous handler runs). Outside the main thread (no signals there), inert."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:  # asked twice: stop now
+            previous = self._previous.get(signum)
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name}: stopping at the next chunk boundary after a checkpoint "
+              "(send it again to stop at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        return False
+
+
+@contextlib.contextmanager
+def locked_run_dir(run_dir: str | Path):
+    """Hold an exclusive OS lock on `run_dir/.lock` for the run's life, so a
+    second process on the same run directory is refused at once (the lock goes
+    with the process, however it ends)."""
+    path = Path(run_dir) / ".lock"
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ValueError(f"run directory {str(run_dir)!r} is in use by {holder}; two processes never share a "
+                         "run directory (wait for it to finish, or start a new run)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"process {os.getpid()}\n")
+    handle.flush()
+    try:
+        yield Path(run_dir)
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("jaxzoo")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def prepare(args, algorithm: str):
+    """The first call of every algorithm's `main`, before anything is built:
+    resolve `--resume` (refusing another algorithm's run and flags that differ
+    from the saved run), refuse an unusable `--run-root`, and set up JAX's
+    compilation cache. Returns the Args to run with."""
+    args = cli.resolve_resume(args, algorithm)
+    if args.resume is None:
+        cli.check_run_root(args.run_root)
+    elif not Path(args.resume).is_dir():
+        raise FileNotFoundError(f"--resume {args.resume!r} is not a run directory")
+    cli.configure_jax(args.compile_cache)
+    return args
+
+
+def open_run_dir(args, algorithm: str):
+    """A context manager over the run's directory, created (new run) or reused
+    (`args.resume`), locked for the run's life, with args.json written."""
+    run_dir = Path(args.resume) if args.resume is not None else logger.new_run_dir(
+        args.run_root, args.env_id, args.exp_name, args.seed)
+    return locked_run_dir(run_dir)
+
+
+def resume_command(run_dir: str | Path) -> str:
+    script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "<algorithm file>.py"
+    return f"python {script} --resume {run_dir}"
 
 
 def over_seeds(fn: Callable, num_seeds: int, in_axes: tuple) -> Callable:
@@ -107,6 +277,7 @@ CLOCK_COLUMNS = ("steps_per_second", "wall_seconds")
 
 def run(
     args,
+    algorithm: str,
     init: Callable,
     update: Callable,
     evaluate: Callable,
@@ -117,9 +288,11 @@ def run(
 ) -> RunResult:
     """Train `num_seeds` seeds for `num_updates` updates and evaluate them.
 
-    `steps_per_update` (env steps per seed per update) turns update counts into
-    the `global_step` column. With `args.resume` set, the state and the update
-    counter come from the newest checkpoint of that run directory.
+    `algorithm` names the file (`"ppo"`): args.json records it, and a resume
+    by another file is refused. `steps_per_update` (env steps per seed per
+    update) turns update counts into the `global_step` column. With
+    `args.resume` set, the state and the update counter come from the newest
+    intact checkpoint of that run directory.
 
     `eval_every` > 0 also runs the greedy evaluation during training, between
     chunks, every `eval_every` updates (rounded up to a chunk boundary) and at
@@ -130,36 +303,62 @@ def run(
     without it. Every row also has `wall_seconds`, the training loop's time
     when its chunk's metrics reached the host; a resumed run continues the
     clock from the row of the update it resumes at.
+
+    Raises `cli.Diverged` when a seed's state becomes non-finite, and
+    SystemExit(128 + signum) after checkpointing when SIGINT / SIGTERM arrive.
     """
     if eval_every < 0:
         raise ValueError(f"eval_every must be >= 0 (0: evaluate only at the end), got {eval_every}")
+    with open_run_dir(args, algorithm) as run_dir, StopRequest() as stop, ThreadPoolExecutor(max_workers=1) as background:
+        return _run_locked(args, algorithm, run_dir, stop, background, init, update, evaluate, num_updates,
+                           steps_per_update, eval_every)
+
+
+def _run_locked(args, algorithm, run_dir, stop, background, init, update, evaluate, num_updates, steps_per_update,
+                eval_every) -> RunResult:
+    """`run` inside its locked run directory, with signals caught."""
     compile_start = time.perf_counter()
-    chunk, trace_count = make_chunk(update, num_updates, args.log_every)
+    chunk, trace_count = make_chunk(update, args.log_every)
     seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
     # Traced once: its output shapes are the state's, for the chunk and for resuming.
     init_lowered = jax.jit(lambda seeds: init_seeds(init, seeds), compiler_options=RUN_ONCE).lower(seeds)
     abstract_state = init_lowered.out_info
-    background = ThreadPoolExecutor(max_workers=1)
     updates_done = 0
     clock_before_resume = 0.0  # training-loop seconds already spent on the updates a resumed run keeps
     if args.resume is not None:
-        state, updates_done = checkpoint.restore(args.resume, abstract_state)
+        state, updates_done = checkpoint.restore(run_dir, abstract_state)
+        if updates_done > num_updates:
+            raise ValueError(f"--resume {run_dir}: its checkpoint is at update {updates_done}, past this run's "
+                             f"{num_updates} updates (total_timesteps={args.total_timesteps}); give a larger "
+                             "--total-timesteps to continue it")
         state = jax.device_put(state)
-        kept = logger.read_metrics(args.resume)
+        kept = logger.read_metrics(run_dir) if (run_dir / "metrics.csv").exists() else {}
         if "wall_seconds" in kept and (kept["update"] == updates_done).any():
             clock_before_resume = float(kept["wall_seconds"][kept["update"] == updates_done].max())
     else:
         init_compiled = background.submit(init_lowered.compile)  # XLA compiles `init` while Python traces the chunk
-    run_chunk = jax.jit(over_seeds(chunk, args.num_seeds, (0, None)), donate_argnums=0)
-    run_chunk = run_chunk.lower(abstract_state, jnp.int32(0))
+    run_chunk = jax.jit(over_seeds(chunk, args.num_seeds, (0, None, None)), donate_argnums=0)
+    run_chunk = run_chunk.lower(abstract_state, jnp.int32(0), jnp.int32(0))
     if args.resume is None:
         state = init_compiled.result()(seeds)
     run_chunk = run_chunk.compile()
     compile_seconds = time.perf_counter() - compile_start
     run_log = logger.Run(
-        args, args.resume, total_steps=num_updates * steps_per_update, tensorboard=args.tensorboard,
+        args, run_dir, total_steps=num_updates * steps_per_update, tensorboard=args.tensorboard,
         track=args.track, resume_from_update=updates_done if args.resume else None,
+        meta={"algorithm": algorithm, "jaxzoo_version": package_version()},
     )
+    try:
+        return _train(args, run_dir, run_log, stop, background, run_chunk, trace_count, state, seeds, evaluate,
+                      abstract_state, updates_done, clock_before_resume, compile_seconds, num_updates,
+                      steps_per_update, eval_every)
+    finally:
+        run_log.close()
+
+
+def _train(args, run_dir, run_log, stop, background, run_chunk, trace_count, state, seeds, evaluate, abstract_state,
+           updates_done, clock_before_resume, compile_seconds, num_updates, steps_per_update, eval_every):
+    """The chunked loop, the final evaluation and eval.json."""
     run_log.print(
         f"{args.env_id}: {args.num_seeds} seed(s) x {num_updates} updates x {steps_per_update} steps "
         f"-> {run_log.dir}" + (f" (resumed at update {updates_done})" if args.resume else "")
@@ -176,16 +375,21 @@ def run(
     compiled_eval = None  # a future, started once the first chunk has run
 
     history: dict[str, list[np.ndarray]] = {}
-    clock = {"last": time.perf_counter()}
+    clock = {"last": time.perf_counter(), "seconds_per_update": None}
 
-    def record(metrics, first_update: int, count: int, evaluation=None, finished_at: float | None = None) -> None:
+    def record(metrics, health, first_update: int, count: int, evaluation=None, finished_at: float | None = None):
         """Copy one finished chunk's metrics (and its evaluation, if one ran
-        after it) to the host and log them. `finished_at` is when the chunk and
-        its evaluation were known to be done (the loop blocked on them); without
-        it, the moment the metrics arrive is the chunk's end."""
-        metrics = {k: v[:, :count] for k, v in jax.device_get(metrics).items()}  # drop skipped updates
+        after it) to the host, log them, and stop the run if a seed's state
+        became non-finite. `finished_at` is when the chunk and its evaluation
+        were known to be done (the loop blocked on them); without it, the
+        moment the metrics arrive is the chunk's end."""
+        metrics, health = jax.device_get((metrics, health))
+        metrics = {k: v[:, :count] for k, v in metrics.items()}  # drop skipped updates
         now = time.perf_counter() if finished_at is None else finished_at
         elapsed, clock["last"] = now - clock["last"], now
+        # The slowest chunk so far sets the pace: with pipelining, a chunk's
+        # measured time can be shortened by the overlap with the one before it.
+        clock["seconds_per_update"] = max(clock["seconds_per_update"] or 0.0, elapsed / count)
         update_index = np.arange(first_update + 1, first_update + count + 1)
         metrics["steps_per_second"] = np.full((args.num_seeds, count), count * steps_per_update * args.num_seeds / elapsed)
         metrics["wall_seconds"] = np.full((args.num_seeds, count), clock_before_resume + now - start)
@@ -196,6 +400,7 @@ def run(
         run_log.log(update_index, update_index * steps_per_update, metrics)
         for k, v in metrics.items():
             history.setdefault(k, []).append(v)
+        check_health(health, abstract_state, metrics, first_update, args, run_dir)
         start_eval_compile()
 
     def start_eval_compile() -> None:
@@ -203,26 +408,37 @@ def run(
         if compiled_eval is None:
             compiled_eval = background.submit(eval_lowered.compile)  # compiles while the next chunks run
 
+    def next_chunk_size() -> int:
+        """`log_every`, or fewer updates for an algorithm slow enough that a
+        chunk would outlast CHUNK_SECONDS (measured on the chunks so far)."""
+        if clock["seconds_per_update"] is None:
+            return args.log_every
+        return int(np.clip(CHUNK_SECONDS // max(clock["seconds_per_update"], 1e-9), 1, args.log_every))
+
     # The loop is pipelined: a chunk is dispatched (asynchronously) before the
     # previous chunk's metrics are copied and written, so host work overlaps
     # device work. A checkpoint waits for its chunk and writes its metrics first,
-    # so metrics.csv never lacks rows that a resumed run would not redo.
+    # so metrics.csv never lacks rows that a resumed run would not redo, and a
+    # non-finite state is found before it could be saved.
     start = time.perf_counter()
     last_checkpoint = dispatched = updates_done
     next_eval = (updates_done // eval_every + 1) * eval_every if eval_every else None
     eval_returns = None  # the evaluation of the final state, if the loop ran it
-    in_flight = None  # (metrics, first update, updates[, evaluation, finished_at]) of the chunk on the device
-    while dispatched < num_updates or in_flight is not None:
+    in_flight = None  # (metrics, health, first update, updates[, evaluation, finished_at]) of the chunk on the device
+    stop_at = num_updates  # the update the loop stops after: earlier when a signal arrives
+    while dispatched < stop_at or in_flight is not None:
         previous, in_flight = in_flight, None
-        if dispatched < num_updates:
-            state, metrics = run_chunk(state, jnp.int32(dispatched))
+        if dispatched < stop_at:
+            count = min(next_chunk_size(), num_updates - dispatched)
+            state, metrics, health = run_chunk(state, jnp.int32(dispatched), jnp.int32(dispatched + count))
             if eval_every:
                 start_eval_compile()  # compiles while the first chunk runs
-            count = min(args.log_every, num_updates - dispatched)
             first, dispatched = dispatched, dispatched + count
-            in_flight = (metrics, first, count)
+            in_flight = (metrics, health, first, count)
         if previous is not None:
             record(*previous)  # waits for the previous chunk only; the one just dispatched runs on
+        if stop.signum is not None:
+            stop_at = dispatched
         if in_flight is not None and eval_every and (dispatched >= next_eval or dispatched == num_updates):
             start_eval_compile()
             evaluation = compiled_eval.result()(state, seeds)
@@ -234,8 +450,8 @@ def run(
                 next_eval += eval_every
             if dispatched == num_updates:
                 eval_returns = np.asarray(evaluation)
-        due = dispatched - last_checkpoint >= args.checkpoint_every or dispatched == num_updates
-        if in_flight is not None and args.save_model and due:
+        due = dispatched - last_checkpoint >= args.checkpoint_every or dispatched in (num_updates, stop_at)
+        if in_flight is not None and args.save_model and (due or stop.signum is not None):
             record(*in_flight)
             in_flight = None
             checkpoint.save(run_log.dir, dispatched, state)
@@ -243,22 +459,32 @@ def run(
     updates_done = dispatched
     train_seconds = time.perf_counter() - start
     run_log.progress(updates_done * steps_per_update, final=True)
+    if stop.signum is not None and updates_done < num_updates:
+        saved = (f"checkpoint at update {last_checkpoint} written" if args.save_model
+                 else "no checkpoint (--no-save-model)")
+        run_log.print(f"stopped by {signal.Signals(stop.signum).name} after update {updates_done} of {num_updates}; "
+                      f"{saved}. Resume with:\n  {resume_command(run_log.dir)}")
+        raise SystemExit(128 + stop.signum)
 
     if eval_returns is None:
         start_eval_compile()  # a no-op unless resumed at the end (no chunk ran)
         eval_returns = np.asarray(compiled_eval.result()(state, seeds))
-    background.shutdown()
+    if not np.isfinite(eval_returns).all():
+        raise cli.Diverged(f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "
+                           f"no eval.json was written (run directory {run_log.dir})")
+    # MPO's skip-and-count policy: `skipped_updates` is each seed's running count.
+    summary = {"skipped_updates": int(history["skipped_updates"][-1][:, -1].sum())} if "skipped_updates" in history else {}
     run_log.print(
         f"greedy evaluation, {args.eval_episodes} episodes x {args.num_seeds} seed(s): "
         f"{eval_returns.mean():.2f} +- {eval_returns.std():.2f} (per seed: "
         + ", ".join(f"{r:.1f}" for r in eval_returns.mean(1))
         + f"); training loop {train_seconds:.1f}s"
+        + (f"; learner steps skipped for non-finite batches, all seeds: {summary['skipped_updates']}" if summary else "")
     )
     run_log.write_json(
         "eval.json",
         {"returns": eval_returns, "mean": float(eval_returns.mean()), "compile_seconds": compile_seconds,
-         "train_seconds": train_seconds, "chunk_traces": trace_count()},
+         "train_seconds": train_seconds, "chunk_traces": trace_count(), **summary},
     )
-    run_log.close()
     stacked = {k: np.concatenate(v, axis=1) for k, v in history.items()}
     return RunResult(str(run_log.dir), state, stacked, eval_returns, trace_count(), compile_seconds, train_seconds)

@@ -3,6 +3,7 @@
 import dataclasses
 import subprocess
 import sys
+import re
 import tomllib
 
 import pytest
@@ -25,9 +26,11 @@ def test_no_preset_gives_defaults():
     assert cli.parse(Args, "ppo", []) == Args()
 
 
-def test_unknown_preset_lists_presets():
-    with pytest.raises(SystemExit, match="unknown preset 'nope'.*tiny"):
+def test_unknown_preset_lists_presets(capsys):
+    with pytest.raises(SystemExit) as stopped:
         cli.parse(Args, "ppo", ["--preset", "nope"])
+    assert stopped.value.code == cli.EXIT_USAGE == 2  # a usage error, like tyro's own
+    assert re.search("unknown preset 'nope'.*tiny", capsys.readouterr().err)
 
 
 def test_unknown_key_in_a_preset_is_named():

@@ -49,7 +49,7 @@ def toy_algorithm():
 def run_toy(tmp_path, eval_every, num_updates=9):
     init, update, evaluate = toy_algorithm()
     args = ToyArgs(run_root=str(tmp_path / f"every{eval_every}"))
-    return runner.run(args, init, update, evaluate, num_updates=num_updates, steps_per_update=10, eval_every=eval_every)
+    return runner.run(args, "toy", init, update, evaluate, num_updates=num_updates, steps_per_update=10, eval_every=eval_every)
 
 
 def test_eval_every_logs_evaluations_at_chunk_ends_and_the_end(tmp_path):
@@ -96,14 +96,14 @@ def test_a_resumed_run_continues_the_clock(tmp_path, monkeypatch):
 
     monkeypatch.setattr(logger.Run, "log", slow_then_die)
     with pytest.raises(Killed):
-        runner.run(args, init, update, evaluate, num_updates=8, steps_per_update=10)
+        runner.run(args, "toy", init, update, evaluate, num_updates=8, steps_per_update=10)
     monkeypatch.setattr(logger.Run, "log", original_log)
     (run_dir,) = tmp_path.iterdir()
     killed = logger.read_metrics(run_dir)
     clock_at_4 = killed["wall_seconds"][killed["update"] == 4].max()
     assert clock_at_4 >= 0.3
 
-    runner.run(dataclasses.replace(args, resume=str(run_dir)), init, update, evaluate, num_updates=8,
+    runner.run(dataclasses.replace(args, resume=str(run_dir)), "toy", init, update, evaluate, num_updates=8,
                steps_per_update=10)
     rows = logger.read_metrics(run_dir)
     mine = rows["seed_index"] == 0
@@ -129,7 +129,7 @@ def test_an_evaluated_chunk_is_clocked_when_its_evaluation_ends(tmp_path):
         return {**state, "count": count}, metrics
 
     args = ToyArgs(run_root=str(tmp_path))
-    result = runner.run(args, init, slow_update, evaluate, num_updates=4, steps_per_update=10, eval_every=2)
+    result = runner.run(args, "toy", init, slow_update, evaluate, num_updates=4, steps_per_update=10, eval_every=2)
     rows = logger.read_metrics(result.run_dir)
     mine = rows["seed_index"] == 0
     clock = dict(zip(rows["update"][mine], rows["wall_seconds"][mine]))
