@@ -946,7 +946,7 @@ def init_seeds(stage: Stage, name: str, seeds, inputs):
 
 
 def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seeds: np.ndarray, wm: WorldModels,
-              stop: runner.StopRequest):
+              stop: runner.StopRequest | None = None):
     """One stage for all seeds: init (or restore the stage's newest checkpoint,
     which is how --resume continues a stage), then chunks of `log_every` updates
     (one jitted `lax.scan` from jaxzoo.runner.make_chunk, vmapped over seeds by
@@ -955,6 +955,7 @@ def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seed
     is saved; a SIGINT / SIGTERM (`stop`) checkpoints after the chunk and
     exits. Returns (state [num_seeds, ...], seconds, chunk traces)."""
     start = time.perf_counter()
+    stop = stop or runner.StopRequest()  # not entered: no signal handlers, never stops
     updates_done = checkpoint.latest_update(stage_dir)
     if updates_done is not None:
         state, updates_done = checkpoint.restore(stage_dir, abstract_stage_state(name, stage, seeds, inputs, wm))
