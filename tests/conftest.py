@@ -24,12 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # `jaxzoo.algos`, never the folders by their own names.
 
 
+# Modules whose tests share no fixture: their tests go to whichever worker is free.
+SPREAD_MODULES = ("test_notebooks", "test_fault_injection", "test_registry")
+
+
 def pytest_collection_modifyitems(items):
     """Group each module's tests on one pytest-xdist worker (`--dist loadgroup`
     in pyproject.toml), so a module-scoped fixture runs once; the notebook
     tests share nothing and go to whichever worker is free."""
     for item in items:
-        if item.module.__name__ != "test_notebooks":
+        if item.module.__name__ not in SPREAD_MODULES:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
