@@ -23,6 +23,8 @@ donated so XLA updates it in place.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, NamedTuple
 
 import jax
@@ -75,7 +77,8 @@ def add(buffer: Buffer, step: Any) -> Buffer:
     """Write one time step of every env (leaves [num_envs, ...]) at the write position."""
     data = jax.tree.map(lambda store, x: store.at[buffer.position].set(x), buffer.data, step)
     priority = buffer.priority.at[buffer.position].set(buffer.max_priority)
-    return buffer.replace(
+    return dataclasses.replace(
+        buffer,
         data=data,
         priority=priority,
         position=(buffer.position + 1) % buffer.rows,
@@ -136,7 +139,8 @@ def sample(
 
 def set_priorities(buffer: Buffer, rows: jax.Array, envs: jax.Array, priority: jax.Array) -> Buffer:
     """New priorities p for sampled windows (e.g. |TD error| + eps)."""
-    return buffer.replace(
+    return dataclasses.replace(
+        buffer,
         priority=buffer.priority.at[rows, envs].set(priority),
         max_priority=jnp.maximum(buffer.max_priority, priority.max()),
     )

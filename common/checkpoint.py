@@ -62,7 +62,7 @@ def save(run_dir: str | os.PathLike, update: int, state, keep: int = 2) -> Path:
     path = directory / f"update_{update:09d}.npz"
     tmp = directory / f".update_{update:09d}.npz.tmp"
     with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types the keyword arrays as `allow_pickle`
         f.flush()
         os.fsync(f.fileno())
     _write_atomically(checksum_path(path), _sha256(tmp) + "\n")
@@ -132,7 +132,11 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def update_of(path: Path) -> int:
-    return int(_PATTERN.match(path.name).group(1))
+    """The update a checkpoint file holds, from its name `update_<N>.npz`."""
+    match = _PATTERN.match(path.name)
+    if match is None:
+        raise ValueError(f"{path} is not named like a checkpoint (update_<N>.npz)")
+    return int(match.group(1))
 
 
 def latest_update(run_dir: str | os.PathLike) -> int | None:

@@ -18,11 +18,14 @@ import os
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Sequence, TypeVar
 
 import tyro
 
-ArgsT = TypeVar("ArgsT")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+ArgsT = TypeVar("ArgsT", bound="DataclassInstance")  # an algorithm's frozen `Args` dataclass
 
 def presets(algo: str) -> dict[str, dict[str, Any]]:
     """All preset tables of `configs/<algo>.toml` (empty if the file is missing),
@@ -159,9 +162,10 @@ def resolve_resume(args: ArgsT, algorithm: str | None = None) -> ArgsT:
     in RESUMABLE_FIELDS, and they are applied. Any other given field that
     differs from the saved run is refused, with the list of differences.
     Without `args.resume`, `args` unchanged."""
-    if getattr(args, "resume", None) is None:
+    resume = getattr(args, "resume", None)
+    if resume is None:
         return args
-    saved = load_run_args(type(args), args.resume, algorithm)
+    saved = load_run_args(type(args), resume, algorithm)
     defaults = type(args)()
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
              if getattr(args, f.name) != getattr(defaults, f.name)}
@@ -170,7 +174,7 @@ def resolve_resume(args: ArgsT, algorithm: str | None = None) -> ArgsT:
     if conflicts:
         listed = "; ".join(f"{name}: run has {old!r}, given {new!r}" for name, (old, new) in conflicts.items())
         raise ValueError(
-            f"--resume {args.resume}: flags differ from the saved run ({listed}). A resumed run continues the "
+            f"--resume {resume}: flags differ from the saved run ({listed}). A resumed run continues the "
             f"run as it was started; only {', '.join(RESUMABLE_FIELDS[1:])} may change on resume"
         )
     return dataclasses.replace(saved, **{k: v for k, v in given.items() if k in RESUMABLE_FIELDS})

@@ -221,7 +221,7 @@ class DMControlPixels:
                                                                     ((n,), jnp.int32)), ordered=True)
         return obs, HostEnvState(episode, t)
 
-    def step(self, key: jax.Array, state: HostEnvState, action: jax.Array, params=None, active: jax.Array = None):
+    def step(self, key: jax.Array, state: HostEnvState, action: jax.Array, params=None, active: jax.Array | None = None):
         n, image = self.num_envs, (self.num_envs, *self.image_shape)
         active = jnp.ones(n, bool) if active is None else active
         shapes = self._shapes((image, jnp.float32), (image, jnp.float32), ((n,), jnp.float32), ((n,), jnp.bool_),

@@ -82,8 +82,8 @@ class Run:
         self.csv_path = self.dir / "metrics.csv"
         if resume_from_update is not None:
             self._truncate_csv(resume_from_update)
-        self._csv_file = None
-        self._csv_writer = None
+        self._csv_file: Any = None  # open text file once the first chunk is logged
+        self._csv_writer: Any = None  # its csv.writer
         self._columns: list[str] | None = None
         self._start = time.perf_counter()
         self._last_print = 0.0

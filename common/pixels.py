@@ -38,7 +38,8 @@ def pixel_grid(size: int) -> tuple[jax.Array, jax.Array]:
     """Pixel-centre coordinates `(x [size, size], y [size, size])` in pixel
     units, x to the right and y downwards (image convention)."""
     centres = jnp.arange(size, dtype=jnp.float32) + 0.5
-    return jnp.meshgrid(centres, centres, indexing="xy")
+    x, y = jnp.meshgrid(centres, centres, indexing="xy")
+    return x, y
 
 
 def coverage(distance: jax.Array) -> jax.Array:

@@ -28,13 +28,14 @@ def seed_curves(run_dir: str | Path, metric: str = "episode_return") -> tuple[np
     if metric not in columns:
         raise ValueError(f"{run_dir}: no column {metric!r}; have {sorted(columns)}")
     seeds = np.unique(columns["seed"])
-    curves, steps = [], None
-    for seed in seeds:
+    curves: list[np.ndarray] = []
+    steps = np.empty(0)
+    for i, seed in enumerate(seeds):
         mask = columns["seed"] == seed
         order = np.argsort(columns["global_step"][mask])
         x = columns["global_step"][mask][order]
         y = forward_fill(columns[metric][mask][order])
-        steps = x if steps is None else steps
+        steps = x if i == 0 else steps
         curves.append(np.interp(steps, x, y) if len(x) != len(steps) else y)
     return steps, curves
 

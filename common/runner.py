@@ -337,11 +337,11 @@ def _run_locked(args, algorithm, run_dir, stop, background, init, update, evalua
             clock_before_resume = float(kept["wall_seconds"][kept["update"] == updates_done].max())
     else:
         init_compiled = background.submit(init_lowered.compile)  # XLA compiles `init` while Python traces the chunk
-    run_chunk = jax.jit(over_seeds(chunk, args.num_seeds, (0, None, None)), donate_argnums=0)
-    run_chunk = run_chunk.lower(abstract_state, jnp.int32(0), jnp.int32(0))
+    chunk_lowered = jax.jit(over_seeds(chunk, args.num_seeds, (0, None, None)), donate_argnums=0).lower(
+        abstract_state, jnp.int32(0), jnp.int32(0))
     if args.resume is None:
         state = init_compiled.result()(seeds)
-    run_chunk = run_chunk.compile()
+    run_chunk = chunk_lowered.compile()
     compile_seconds = time.perf_counter() - compile_start
     run_log = logger.Run(
         args, run_dir, total_steps=num_updates * steps_per_update, tensorboard=args.tensorboard,
