@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Annotated, Any, Callable, NamedTuple
 
 import chex
 import jax
@@ -41,6 +41,7 @@ import optax
 from flax import nnx, struct
 
 from jaxzoo import buffers, cli, dmc, envs, pixels, runner
+from jaxzoo.checks import AtLeastOne, NonNegative, Positive, Range, check_fields
 from jaxzoo.layers import StridedConv, StridedConvTranspose
 
 
@@ -53,16 +54,16 @@ class Args:
 
     exp_name: str = "planet"
     """name of the experiment: part of the run directory and the plot label"""
-    seed: int = 0
+    seed: Annotated[int, NonNegative] = 0
     """seed of the first run; seed index i uses seed + i"""
-    num_seeds: int = 1
+    num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap` (DeepMind Control tasks: 1)"""
     env_id: str = "Pendulum-v1"
     """gymnax environment id with a pixel renderer in common/pixels.py (continuous actions only), or a DeepMind
     Control task 'dmc:<domain>-<task>' stepped on the host (optional extra: pip install -e '.[dmc]'; one seed)"""
-    total_timesteps: int = 100_000
+    total_timesteps: Annotated[int, AtLeastOne] = 100_000
     """environment steps per seed collected by the planner (the random seed episodes come on top)"""
-    log_every: int = 5
+    log_every: Annotated[int, AtLeastOne] = 5
     """updates (= planned episodes) per jitted chunk: metrics, progress and checkpoints happen between chunks"""
     track: bool = False
     """log to Weights & Biases (needs the `logging` extra)"""
@@ -70,97 +71,85 @@ class Args:
     """write TensorBoard event files into the run directory (needs the `logging` extra)"""
     save_model: bool = True
     """write checkpoints of the whole runner state, replay included (needed for --resume)"""
-    checkpoint_every: int = 10
+    checkpoint_every: Annotated[int, AtLeastOne] = 10
     """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end"""
     resume: str | None = None
     """run directory to resume; its args.json replaces every other flag"""
     run_root: str = "runs"
     """directory under which run directories are created"""
-    eval_episodes: int = 5
+    eval_episodes: Annotated[int, AtLeastOne] = 5
     """planned episodes without exploration noise per seed at the end of training"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
 
     # algorithm-specific
-    eval_every: int = 0
+    eval_every: Annotated[int, NonNegative] = 0
     """updates between evaluations during training (planner, no noise), logged as eval_return; 0: only at the end"""
     image_size: int = 64
     """side of the square image observations: 16, 32 or 64 pixels"""
     grayscale: bool = False
     """one-channel images instead of RGB"""
-    action_repeat: int = 2
+    action_repeat: Annotated[int, AtLeastOne] = 2
     """environment steps per planned action; rewards are summed over them"""
-    seed_episodes: int = 5
+    seed_episodes: Annotated[int, AtLeastOne] = 5
     """episodes of uniformly random actions collected before the first model update"""
-    collect_interval: int = 100
+    collect_interval: Annotated[int, AtLeastOne] = 100
     """model updates per iteration, before the iteration's planned episode"""
-    batch_size: int = 50
+    batch_size: Annotated[int, AtLeastOne] = 50
     """sequences per model update"""
-    chunk_size: int = 50
+    chunk_size: Annotated[int, Range(ge=2)] = 50
     """steps (after action repeat) per sequence"""
-    buffer_size: int = 25_000
+    buffer_size: Annotated[int, AtLeastOne] = 25_000
     """replay capacity per seed in agent steps (one frame each, stored as uint8)"""
-    belief_size: int = 200
+    belief_size: Annotated[int, AtLeastOne] = 200
     """GRU belief (deterministic state) size"""
-    state_size: int = 30
+    state_size: Annotated[int, AtLeastOne] = 30
     """stochastic latent state size"""
-    hidden_size: int = 200
+    hidden_size: Annotated[int, AtLeastOne] = 200
     """hidden layer width of the prior, posterior and reward networks"""
-    embedding_size: int = 1024
+    embedding_size: Annotated[int, AtLeastOne] = 1024
     """image embedding size (the paper's 64x64 encoder gives 2 x 2 x 256 = 1024)"""
-    cnn_depth: int = 32
+    cnn_depth: Annotated[int, AtLeastOne] = 32
     """channels of the first encoder convolution, doubled per layer (the decoder mirrors it)"""
-    min_std: float = 0.1
+    min_std: Annotated[float, NonNegative] = 0.1
     """minimum standard deviation of the prior and posterior: softplus(x) + min_std"""
-    free_nats: float = 3.0
+    free_nats: Annotated[float, NonNegative] = 3.0
     """KL(q || p) below this many nats per step is not penalised"""
-    overshooting_kl_beta: float = 0.0
+    overshooting_kl_beta: Annotated[float, NonNegative] = 0.0
     """weight of the latent-overshooting KL (0: off, the paper's RSSM setting)"""
-    overshooting_distance: int = 50
+    overshooting_distance: Annotated[int, AtLeastOne] = 50
     """longest open-loop prediction of latent overshooting"""
-    bit_depth: int = 5
+    bit_depth: Annotated[int, Range(ge=1, le=8)] = 5
     """bits per colour channel of the observations, plus uniform dequantisation noise"""
-    learning_rate: float = 1e-3
+    learning_rate: Annotated[float, Positive] = 1e-3
     """Adam learning rate"""
-    adam_eps: float = 1e-4
+    adam_eps: Annotated[float, Positive] = 1e-4
     """Adam epsilon"""
-    max_grad_norm: float = 1000.0
+    max_grad_norm: Annotated[float, NonNegative] = 1000.0
     """global gradient-norm clip (0: none)"""
-    planning_horizon: int = 12
+    planning_horizon: Annotated[int, AtLeastOne] = 12
     """actions per planned sequence"""
-    optimisation_iters: int = 10
+    optimisation_iters: Annotated[int, AtLeastOne] = 10
     """CEM iterations per planned action"""
-    candidates: int = 1000
+    candidates: Annotated[int, AtLeastOne] = 1000
     """action sequences sampled per CEM iteration"""
-    top_candidates: int = 100
+    top_candidates: Annotated[int, AtLeastOne] = 100
     """elite sequences the CEM Gaussian is refitted to"""
     plan_with_mean: bool = False
     """score candidates on prior-mean rollouts instead of sampled states (the paper samples; docs/planet.md)"""
-    exploration_noise: float = 0.3
+    exploration_noise: Annotated[float, NonNegative] = 0.3
     """std of the Gaussian noise added to planned actions while collecting (actions scaled to [-1, 1])"""
-    reward_scale: float = 1.0
+    reward_scale: Annotated[float, Positive] = 1.0
     """the reward model learns reward_scale x the (action-repeat summed) reward; logged returns stay unscaled"""
 
     def __post_init__(self):
-        positive = ("num_seeds", "action_repeat", "collect_interval", "batch_size", "chunk_size", "buffer_size",
-                    "belief_size", "state_size", "hidden_size", "embedding_size", "cnn_depth", "planning_horizon",
-                    "optimisation_iters", "candidates", "top_candidates", "seed_episodes", "log_every",
-                    "checkpoint_every", "eval_episodes")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)
         if self.image_size not in DECODER_KERNELS:
-            raise ValueError(f"image_size must be one of {sorted(DECODER_KERNELS)}, got {self.image_size}")
-        if self.reward_scale <= 0:
-            raise ValueError(f"reward_scale must be > 0, got {self.reward_scale}")
+            raise ValueError(f"image_size={self.image_size} is not supported; accepted: one of "
+                             f"{sorted(DECODER_KERNELS)}")
         if self.top_candidates > self.candidates:
-            raise ValueError(f"top_candidates={self.top_candidates} exceeds candidates={self.candidates}")
-        if not 1 <= self.bit_depth <= 8:
-            raise ValueError(f"bit_depth must be in 1..8, got {self.bit_depth}")
-        if self.overshooting_kl_beta < 0 or self.overshooting_distance < 1:
-            raise ValueError("overshooting_kl_beta must be >= 0 and overshooting_distance >= 1")
-        if self.chunk_size < 2:
-            raise ValueError(f"chunk_size must be >= 2, got {self.chunk_size}")
+            raise ValueError(f"top_candidates={self.top_candidates} exceeds candidates={self.candidates}; accepted: "
+                             "top_candidates <= candidates")
         if dmc.is_dmc(self.env_id):
             dmc.parse(self.env_id)
             if self.num_seeds != 1:
@@ -552,13 +541,28 @@ def env_spec(env_id: str) -> envs.EnvSpec:
     return dmc.spec(env_id) if dmc.is_dmc(env_id) else envs.spec(*envs.make(env_id))
 
 
-def make_train(args: Args) -> PlaNet:
-    spec = env_spec(args.env_id)
-    if spec.discrete:
+def check_env_id(env_id: str) -> None:
+    """Refuse, naming it, an env id PlaNet cannot run: a gymnax env without a
+    pixel renderer (with the closest accepted id when one is close), or a
+    discrete one. DeepMind Control ids are checked by common/dmc.py."""
+    if dmc.is_dmc(env_id):
+        return
+    accepted = [e for e in pixels.RENDERERS if not env_spec(e).discrete]
+    if env_id not in pixels.RENDERERS:
+        what = "no pixel renderer for env_id" if env_id in envs.ENV_IDS else "unknown env_id"
+        raise ValueError(f"{what} {env_id!r}{envs.did_you_mean(env_id, accepted)}; accepted: "
+                         f"{', '.join(accepted)} (rendered in common/pixels.py) or a DeepMind Control task "
+                         f"'{dmc.PREFIX}<domain>-<task>'")
+    if env_spec(env_id).discrete:
         raise ValueError(
-            f"{args.env_id} has a discrete action space; PlaNet plans continuous actions with CEM, so it "
-            "requires a continuous (Box) action space, e.g. Pendulum-v1"
+            f"{env_id} has a discrete action space; PlaNet plans continuous actions with CEM, so it requires "
+            f"a continuous (Box) action space; accepted: {', '.join(accepted)} or '{dmc.PREFIX}<domain>-<task>'"
         )
+
+
+def make_train(args: Args) -> PlaNet:
+    check_env_id(args.env_id)
+    spec = env_spec(args.env_id)
     on_host = dmc.is_dmc(args.env_id)
     if on_host:  # MuJoCo stepped and rendered in Python through io_callback, the action repeat done there
         make_pixels = lambda n, role: dmc.make(args.env_id, n, size=args.image_size, grayscale=args.grayscale,  # noqa: E731

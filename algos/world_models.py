@@ -33,7 +33,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, NamedTuple
+from typing import Annotated, Any, Callable, Literal, NamedTuple
 
 import chex
 import jax
@@ -43,6 +43,7 @@ import optax
 from flax import nnx, struct
 
 from jaxzoo import checkpoint, cli, envs, logger, pixels, runner
+from jaxzoo.checks import AtLeastOne, NonNegative, Positive, Range, check_fields
 from jaxzoo.layers import StridedConv, StridedConvTranspose
 
 STAGES = ("collect", "vae", "mdn", "controller")
@@ -58,15 +59,15 @@ class Args:
 
     exp_name: str = "world-models"
     """name of the experiment: part of the run directory and the plot label"""
-    seed: int = 0
+    seed: Annotated[int, NonNegative] = 0
     """seed of the first run; seed index i uses seed + i"""
-    num_seeds: int = 1
+    num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap` (host envs: 1)"""
     env_id: str = "CartPole-v1"
     """a gymnax env with a pixel renderer in common/pixels.py, or CarRacing-v3 (gymnasium, host-side, needs box2d)"""
-    total_timesteps: int = 30_000
+    total_timesteps: Annotated[int, AtLeastOne] = 30_000
     """random-policy environment slots collected in stage 1: num_rollouts = total_timesteps // rollout_steps"""
-    log_every: int = 1
+    log_every: Annotated[int, AtLeastOne] = 1
     """updates per jitted chunk of every stage (V and M: `*_batches` gradient steps; C: one generation)"""
     track: bool = False
     """log to Weights & Biases (needs the `logging` extra)"""
@@ -74,13 +75,13 @@ class Args:
     """write TensorBoard event files into each stage's directory (needs the `logging` extra)"""
     save_model: bool = True
     """write checkpoints of every stage's whole state (needed for --resume and --source-run)"""
-    checkpoint_every: int = 5
+    checkpoint_every: Annotated[int, AtLeastOne] = 5
     """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end of a stage"""
     resume: str | None = None
     """run directory to resume; its args.json replaces every other flag, finished stages are loaded"""
     run_root: str = "runs"
     """directory under which run directories are created"""
-    eval_episodes: int = 100
+    eval_episodes: Annotated[int, AtLeastOne] = 100
     """real-environment episodes of the final controller (the paper: 100)"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
@@ -94,37 +95,37 @@ class Args:
     """side of the square frames: 64 (the paper's 4 convolutions), 32 or 16"""
     grayscale: bool = False
     """one-channel frames instead of RGB"""
-    rollout_steps: int = 100
+    rollout_steps: Annotated[int, AtLeastOne] = 100
     """steps per random rollout: each rollout is one episode, cut here if it lasts longer"""
-    z_size: int = 32
+    z_size: Annotated[int, AtLeastOne] = 32
     """latent size of V (the paper: 32 for CarRacing, 64 for VizDoom)"""
-    vae_depth: int = 32
+    vae_depth: Annotated[int, AtLeastOne] = 32
     """channels of V's first convolution, doubled per layer (the paper: 32, 64, 128, 256)"""
-    vae_learning_rate: float = 1e-4
+    vae_learning_rate: Annotated[float, Positive] = 1e-4
     """Adam learning rate of V"""
-    vae_batch_size: int = 100
+    vae_batch_size: Annotated[int, AtLeastOne] = 100
     """frames per gradient step of V, drawn uniformly from the collected frames"""
-    vae_batches: int = 100
+    vae_batches: Annotated[int, AtLeastOne] = 100
     """gradient steps of V per update"""
-    vae_updates: int = 10
+    vae_updates: Annotated[int, AtLeastOne] = 10
     """updates of V (vae_batches steps each)"""
-    kl_weight: float = 1.0
+    kl_weight: Annotated[float, NonNegative] = 1.0
     """weight of KL(q(z|x) || N(0, I)) against the summed squared reconstruction error"""
-    free_bits: float = 0.5
+    free_bits: Annotated[float, NonNegative] = 0.5
     """nats per latent dimension of KL that are not penalised (the paper's code: kl_tolerance 0.5)"""
-    rnn_size: int = 256
+    rnn_size: Annotated[int, AtLeastOne] = 256
     """LSTM hidden size of M (the paper: 256 for CarRacing)"""
-    num_mixtures: int = 5
+    num_mixtures: Annotated[int, AtLeastOne] = 5
     """Gaussians per latent dimension in M's mixture-density head"""
-    mdn_learning_rate: float = 1e-3
+    mdn_learning_rate: Annotated[float, Positive] = 1e-3
     """Adam learning rate of M"""
-    mdn_batch_size: int = 32
+    mdn_batch_size: Annotated[int, AtLeastOne] = 32
     """rollouts per gradient step of M (whole rollouts of rollout_steps steps)"""
-    mdn_batches: int = 50
+    mdn_batches: Annotated[int, AtLeastOne] = 50
     """gradient steps of M per update"""
-    mdn_updates: int = 10
+    mdn_updates: Annotated[int, AtLeastOne] = 10
     """updates of M (mdn_batches steps each)"""
-    mdn_grad_clip: float = 1.0
+    mdn_grad_clip: Annotated[float, NonNegative] = 1.0
     """global gradient-norm clip of M (0: none)"""
     predict_reward: bool = True
     """M also predicts the reward of each step (needed to train C in the dream)"""
@@ -132,33 +133,30 @@ class Args:
     """M also predicts whether each step ends the episode (needed to train C in the dream)"""
     controller_env: Literal["real", "dream"] = "real"
     """where C's candidates are scored: the real env (through V and M) or M's dream"""
-    population: int = 16
-    """CMA-ES population size (candidates per generation)"""
-    trials: int = 4
+    population: Annotated[int, Range(ge=2)] = 16
+    """CMA-ES population size (candidates per generation; >= 2: CMA-ES recombines the better half)"""
+    trials: Annotated[int, AtLeastOne] = 4
     """episodes per candidate; fitness = their mean return"""
-    generations: int = 30
+    generations: Annotated[int, AtLeastOne] = 30
     """CMA-ES generations"""
-    cma_sigma: float = 0.5
+    cma_sigma: Annotated[float, Positive] = 0.5
     """initial CMA-ES step size (search starts at zero weights)"""
-    temperature: float = 1.15
+    temperature: Annotated[float, Positive] = 1.15
     """tau of M's sampling in the dream: mixture logits / tau, stds * sqrt(tau) (the paper: 1.15)"""
-    controller_max_steps: int = 0
+    controller_max_steps: Annotated[int, NonNegative] = 0
     """longest scored episode, real or dreamed; 0: the env's time limit"""
     fast_compile: bool = False
     """compile every program without LLVM optimisation: about half the compile time, slower code (tiny runs, tests)"""
 
     def __post_init__(self):
-        positive = ("num_seeds", "total_timesteps", "log_every", "checkpoint_every", "eval_episodes", "rollout_steps",
-                    "z_size", "vae_depth", "vae_batch_size", "vae_batches", "vae_updates", "rnn_size", "num_mixtures",
-                    "mdn_batch_size", "mdn_batches", "mdn_updates", "population", "trials", "generations")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)
         if self.env_id not in (*pixels.RENDERERS, *HOST_ENVS):
-            raise ValueError(f"env_id {self.env_id!r} is not supported; accepted: "
-                             f"{', '.join((*pixels.RENDERERS, *HOST_ENVS))}")
+            accepted = (*pixels.RENDERERS, *HOST_ENVS)
+            raise ValueError(f"env_id {self.env_id!r} is not supported{envs.did_you_mean(self.env_id, accepted)}; "
+                             f"accepted: {', '.join(accepted)}")
         if self.image_size not in DECODER_KERNELS:
-            raise ValueError(f"image_size must be one of {sorted(DECODER_KERNELS)}, got {self.image_size}")
+            raise ValueError(f"image_size={self.image_size} is not supported; accepted: one of "
+                             f"{sorted(DECODER_KERNELS)}")
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown or not self.stages:
             raise ValueError(f"stages {list(self.stages)} are not a non-empty subset of {list(STAGES)}")
@@ -169,15 +167,10 @@ class Args:
         if self.controller_env == "dream" and not (self.predict_done and self.predict_reward):
             raise ValueError("controller_env='dream' needs M's reward and done heads: set predict_reward and "
                              f"predict_done (got predict_reward={self.predict_reward}, predict_done={self.predict_done})")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.population < 2:
-            raise ValueError(f"population must be >= 2 (CMA-ES recombines the better half), got {self.population}")
-        if self.controller_max_steps < 0 or self.free_bits < 0 or self.kl_weight < 0 or self.cma_sigma <= 0:
-            raise ValueError("controller_max_steps, free_bits and kl_weight must be >= 0 and cma_sigma > 0")
         if self.mdn_batch_size > self.num_rollouts:
             raise ValueError(f"mdn_batch_size={self.mdn_batch_size} exceeds the {self.num_rollouts} rollouts "
-                             f"(total_timesteps={self.total_timesteps} // rollout_steps={self.rollout_steps})")
+                             f"(total_timesteps={self.total_timesteps} // rollout_steps={self.rollout_steps}); "
+                             "accepted: mdn_batch_size <= total_timesteps // rollout_steps")
         if self.env_id in HOST_ENVS and self.num_seeds != 1:
             raise ValueError(f"{self.env_id} runs on the host: num_seeds must be 1, got {self.num_seeds}")
 

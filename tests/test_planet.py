@@ -98,12 +98,18 @@ def test_discrete_action_space_is_refused(tmp_path):
 def test_bad_input_names_the_value(tmp_path):
     with pytest.raises(ValueError, match="no pixel renderer for env_id 'MountainCarContinuous-v0'"):
         planet.make_train(tiny(tmp_path, env_id="MountainCarContinuous-v0"))
-    with pytest.raises(ValueError, match="image_size must be one of"):
+    with pytest.raises(ValueError, match="image_size=48 is not supported; accepted: one of"):
         tiny(tmp_path, image_size=48)
     with pytest.raises(ValueError, match="top_candidates=9 exceeds candidates=8"):
         tiny(tmp_path, top_candidates=9)
     with pytest.raises(ValueError, match="fewer than chunk_size"):
         planet.make_train(tiny(tmp_path, chunk_size=40))
+    with pytest.raises(ValueError, match=r"unknown env_id 'Pendulum-v2' \(did you mean 'Pendulum-v1'\?\); accepted"):
+        planet.make_train(tiny(tmp_path, env_id="Pendulum-v2"))
+    with pytest.raises(ValueError, match=r"chunk_size=1 is out of range; accepted: >= 2"):
+        tiny(tmp_path, chunk_size=1)
+    with pytest.raises(ValueError, match=r"bit_depth=9 is out of range; accepted: in \[1, 8\]"):
+        tiny(tmp_path, bit_depth=9)
 
 
 def test_paper_preset_traces_at_the_papers_sizes():
@@ -142,7 +148,7 @@ def test_reward_scale_scales_the_reward_target_and_not_the_logged_return(tmp_pat
     action_plain, predicted_plain = plain.plan(state.params, latent, key)
     np.testing.assert_allclose(action_scaled, action_plain, rtol=1e-5)
     np.testing.assert_allclose(predicted_scaled, predicted_plain / 10.0, rtol=1e-5)
-    with pytest.raises(ValueError, match="reward_scale must be > 0"):
+    with pytest.raises(ValueError, match="reward_scale=0.0 is out of range; accepted: > 0"):
         tiny(tmp_path, reward_scale=0.0)
 
 

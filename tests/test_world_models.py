@@ -149,6 +149,10 @@ def test_bad_input_names_the_value_and_what_is_accepted(tmp_path):
     with pytest.raises(ValueError, match="env_id 'Acrobot-v1' is not supported; accepted: Pendulum-v1, CartPole-v1, "
                                          "CarRacing-v3"):
         tiny(tmp_path, env_id="Acrobot-v1")
+    with pytest.raises(ValueError, match=r"env_id 'CartPole-v2' is not supported \(did you mean 'CartPole-v1'\?\)"):
+        tiny(tmp_path, env_id="CartPole-v2")
+    with pytest.raises(ValueError, match=r"population=1 is out of range; accepted: >= 2"):
+        tiny(tmp_path, population=1)
     with pytest.raises(ValueError, match=r"stages \['vae', 'collect'\] must be distinct and in pipeline order"):
         tiny(tmp_path, stages=("vae", "collect"))
     with pytest.raises(ValueError, match=r"stages \['train'\] are not a non-empty subset of \['collect', 'vae'"):
@@ -157,11 +161,11 @@ def test_bad_input_names_the_value_and_what_is_accepted(tmp_path):
         tiny(tmp_path, controller_env="dream", predict_done=False)
     with pytest.raises(ValueError, match="controller_env must be 'real' or 'dream', got 'sim'"):
         tiny(tmp_path, controller_env="sim")
-    with pytest.raises(ValueError, match="image_size must be one of \\[16, 32, 64\\], got 48"):
+    with pytest.raises(ValueError, match="image_size=48 is not supported; accepted: one of \\[16, 32, 64\\]"):
         tiny(tmp_path, image_size=48)
     with pytest.raises(ValueError, match="mdn_batch_size=99 exceeds the 16 rollouts"):
         tiny(tmp_path, mdn_batch_size=99)
-    with pytest.raises(ValueError, match="temperature must be > 0, got 0.0"):
+    with pytest.raises(ValueError, match="temperature=0.0 is out of range; accepted: > 0"):
         tiny(tmp_path, temperature=0.0)
     with pytest.raises(ValueError, match=r"stages \['mdn'\] start after 'collect': pass --source-run RUN_DIR"):
         wm.main(tiny(tmp_path, stages=("mdn",)))
