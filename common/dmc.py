@@ -77,8 +77,10 @@ def load(domain: str, task: str, seed: int):
         raise ValueError(f"env_id '{PREFIX}{domain}-{task}' needs dm_control, which is not installed "
                          f"({error}); {EXTRA_HINT}") from error
     if (domain, task) not in suite.ALL_TASKS:
-        known = ", ".join(f"{PREFIX}{d}-{t}" for d, t in suite.ALL_TASKS)
-        raise ValueError(f"unknown DeepMind Control task '{PREFIX}{domain}-{task}'; valid ids: {known}")
+        known = [f"{PREFIX}{d}-{t}" for d, t in suite.ALL_TASKS]
+        asked = f"{PREFIX}{domain}-{task}"
+        raise ValueError(f"unknown DeepMind Control task '{asked}'{envs.did_you_mean(asked, known)}; "
+                         f"valid ids: {', '.join(known)}")
     return suite.load(domain, task, task_kwargs={"random": seed})
 
 
