@@ -27,7 +27,7 @@ Details, logged metrics and measured results: docs/mpo.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
 import jax
@@ -37,6 +37,7 @@ import optax
 from flax import nnx, struct
 
 from jaxzoo import buffers, cli, envs, runner
+from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fields
 
 
 # --------------------------------------------------------------------------- #
@@ -48,15 +49,15 @@ class Args:
 
     exp_name: str = "mpo"
     """name of the experiment: part of the run directory and the plot label"""
-    seed: int = 0
+    seed: Annotated[int, NonNegative] = 0
     """seed of the first run; seed index i uses seed + i"""
-    num_seeds: int = 1
+    num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "Pendulum-v1"
     """gymnax environment id (continuous actions only)"""
-    total_timesteps: int = 100_000
+    total_timesteps: Annotated[int, AtLeastOne] = 100_000
     """environment steps per seed"""
-    log_every: int = 10
+    log_every: Annotated[int, AtLeastOne] = 10
     """updates per jitted chunk: metrics, progress and checkpoints happen between chunks"""
     track: bool = False
     """log to Weights & Biases (needs the `logging` extra)"""
@@ -64,65 +65,65 @@ class Args:
     """write TensorBoard event files into the run directory (needs the `logging` extra)"""
     save_model: bool = True
     """write checkpoints of the whole runner state, replay included (needed for --resume)"""
-    checkpoint_every: int = 20
+    checkpoint_every: Annotated[int, AtLeastOne] = 20
     """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end"""
     resume: str | None = None
     """run directory to resume; its args.json replaces every other flag"""
     run_root: str = "runs"
     """directory under which run directories are created"""
-    eval_episodes: int = 10
+    eval_episodes: Annotated[int, AtLeastOne] = 10
     """deterministic (mean-action) evaluation episodes per seed at the end of training"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
 
     # algorithm-specific
-    num_envs: int = 1
+    num_envs: Annotated[int, AtLeastOne] = 1
     """parallel environments per seed"""
-    steps_per_update: int = 1000
+    steps_per_update: Annotated[int, AtLeastOne] = 1000
     """env steps per seed in one `update` (one row of metrics.csv)"""
-    train_frequency: int = 1
+    train_frequency: Annotated[int, AtLeastOne] = 1
     """env steps per seed between learner phases (a multiple of num_envs)"""
-    gradient_steps: int = 1
+    gradient_steps: Annotated[int, AtLeastOne] = 1
     """learner steps per phase (the seed: one per env step)"""
-    buffer_size: int = 1_000_000
+    buffer_size: Annotated[int, AtLeastOne] = 1_000_000
     """replay capacity in transitions per seed"""
-    batch_size: int = 256
+    batch_size: Annotated[int, AtLeastOne] = 256
     """transitions (windows) per learner step"""
-    learning_starts: int = 10_000
+    learning_starts: Annotated[int, NonNegative] = 10_000
     """env steps per seed before the first learner step"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Fraction] = 0.99
     """discount factor"""
-    policy_layers: tuple[int, ...] = (256, 256, 256)
+    policy_layers: Annotated[tuple[int, ...], AtLeastOne] = (256, 256, 256)
     """LayerNormMLP widths of the policy torso"""
-    critic_layers: tuple[int, ...] = (512, 512, 256)
+    critic_layers: Annotated[tuple[int, ...], AtLeastOne] = (512, 512, 256)
     """LayerNormMLP widths of the critic torso"""
     log_std_min: float = -20.0
     """lower clamp of the policy's log-std"""
     log_std_max: float = 2.0
     """upper clamp of the policy's log-std"""
-    policy_lr: float = 3e-4
+    policy_lr: Annotated[float, Positive] = 3e-4
     """policy Adam learning rate (divided by m_steps)"""
-    critic_lr: float = 3e-4
+    critic_lr: Annotated[float, Positive] = 3e-4
     """critic Adam learning rate"""
-    temperature_lr: float = 3e-4
+    temperature_lr: Annotated[float, Positive] = 3e-4
     """Adam learning rate of the temperature eta (and the penalty temperature)"""
-    alpha_lr: float = 3e-4
+    alpha_lr: Annotated[float, Positive] = 3e-4
     """Adam learning rate of the KL multipliers alpha_mu, alpha_sigma"""
-    adam_eps: float = 1e-5
+    adam_eps: Annotated[float, Positive] = 1e-5
     """Adam epsilon of every optimizer"""
-    max_grad_norm: float = 1.0
+    max_grad_norm: Annotated[float, NonNegative] = 1.0
     """global-norm clip of each optimizer's gradient: critic, duals, policy separately (0: none)"""
-    target_update_period: int = 100
+    target_update_period: Annotated[int, AtLeastOne] = 100
     """learner steps between hard copies of the online networks into the targets (tau = 0)"""
-    tau: float = 0.0
+    tau: Annotated[float, Fraction] = 0.0
     """Polyak rate of target updates after every learner step (0: hard copies every target_update_period)"""
-    num_samples: int = 20
+    num_samples: Annotated[int, AtLeastOne] = 20
     """actions sampled per state from the target policy (E-step and critic targets)"""
-    epsilon: float = 0.1
+    epsilon: Annotated[float, Positive] = 0.1
     """E-step bound on KL(q || pi_target)"""
-    epsilon_mean: float = 0.1
+    epsilon_mean: Annotated[float, Positive] = 0.1
     """M-step bound on the mean part of KL(pi_target || pi), per action dimension"""
-    epsilon_stddev: float = 0.1
+    epsilon_stddev: Annotated[float, Positive] = 0.1
     """M-step bound on the std part of KL(pi_target || pi), per action dimension"""
     init_temperature: float = 1.0
     """initial raw temperature (eta = softplus(raw) + 1e-8)"""
@@ -130,38 +131,51 @@ class Args:
     """initial raw alpha_mu (per dimension, through softplus)"""
     init_alpha_stddev: float = 1000.0
     """initial raw alpha_sigma (per dimension, through softplus)"""
-    m_steps: int = 1
+    m_steps: Annotated[int, AtLeastOne] = 1
     """policy gradient steps per learner step (each at policy_lr / m_steps)"""
     critic_target: Literal["td", "retrace"] = "td"
     """n-step TD with the expected target-policy value, or Retrace over windows of n_step steps"""
-    n_step: int = 1
+    n_step: Annotated[int, AtLeastOne] = 1
     """window length: n-step returns (td) or the Retrace sequence length"""
-    retrace_lambda: float = 0.95
+    retrace_lambda: Annotated[float, Fraction] = 0.95
     """Retrace trace parameter: c_t = lambda min(1, pi_target / behaviour)"""
     action_penalization: bool = False
     """MO-MPO action penalty (Acme): a second temperature keeps actions inside the bounds"""
-    epsilon_penalty: float = 1e-3
+    epsilon_penalty: Annotated[float, Positive] = 1e-3
     """E-step KL bound of the action-penalty objective"""
+    skip_nonfinite: bool = False
+    """skip and count learner steps whose batch, target, losses or new parameters are not finite (logged as
+    skipped_updates, totalled in the final line and eval.json); off: such a step is applied and the run stops as
+    diverged (exit 3)"""
 
     def __post_init__(self):
-        positive = ("num_seeds", "num_envs", "steps_per_update", "train_frequency", "gradient_steps", "buffer_size",
-                    "batch_size", "num_samples", "m_steps", "n_step", "target_update_period", "log_every",
-                    "checkpoint_every", "eval_episodes")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
         if self.train_frequency % self.num_envs:
-            raise ValueError(f"train_frequency={self.train_frequency} must be a multiple of num_envs={self.num_envs}")
+            raise ValueError(f"train_frequency={self.train_frequency} must be a multiple of num_envs={self.num_envs}; "
+                             f"accepted: a multiple of {self.num_envs}")
         if self.steps_per_update % self.train_frequency:
             raise ValueError(
-                f"steps_per_update={self.steps_per_update} must be a multiple of train_frequency={self.train_frequency}"
+                f"steps_per_update={self.steps_per_update} must be a multiple of train_frequency={self.train_frequency}; "
+                f"accepted: a multiple of {self.train_frequency}"
             )
         if self.buffer_size // self.num_envs < self.n_step + 1:
-            raise ValueError(f"buffer_size={self.buffer_size} too small for num_envs={self.num_envs}, n_step={self.n_step}")
-        if not 0.0 <= self.tau <= 1.0:
-            raise ValueError(f"tau must be in [0, 1] (0: periodic hard copies), got {self.tau}")
+            raise ValueError(
+                f"buffer_size={self.buffer_size} is too small for num_envs={self.num_envs}, n_step={self.n_step}; "
+                f"accepted: buffer_size >= num_envs * (n_step + 1) = {self.num_envs * (self.n_step + 1)}"
+            )
+        if not self.log_std_min < self.log_std_max:
+            raise ValueError(f"log_std_min={self.log_std_min} is not below log_std_max={self.log_std_max}; accepted: "
+                             "log_std_min < log_std_max")
         if self.num_updates < 1:
-            raise ValueError(f"total_timesteps={self.total_timesteps} is less than steps_per_update={self.steps_per_update}")
+            raise ValueError(f"total_timesteps={self.total_timesteps} is less than steps_per_update="
+                             f"{self.steps_per_update}; accepted: total_timesteps >= {self.steps_per_update}")
+        run_steps = self.num_updates * self.steps_per_update  # env steps per seed the run takes
+        if self.learning_starts >= run_steps:
+            budget = (f"total_timesteps={self.total_timesteps}" if run_steps == self.total_timesteps else
+                      f"the {run_steps} env steps per seed the run takes (total_timesteps={self.total_timesteps} in "
+                      f"whole updates of steps_per_update={self.steps_per_update})")
+            raise ValueError(f"learning_starts={self.learning_starts} is not below {budget}: no learner step would be "
+                             f"taken; accepted: learning_starts < {run_steps}")
 
     @property
     def num_updates(self) -> int:
@@ -272,7 +286,7 @@ class Learner:
     critic_opt: optax.OptState
     dual_opt: optax.OptState
     steps: jax.Array  # [] learner steps taken
-    skipped: jax.Array  # [] learner steps skipped because something was not finite
+    skipped: jax.Array  # [] learner steps skipped because something was not finite (skip_nonfinite; else 0)
 
 
 @struct.dataclass
@@ -515,8 +529,9 @@ def make_train(args: Args) -> MPO:
 
     def learner_step(learner: Learner, w: Transition, key: jax.Array):
         """One MPO update on windows [B, n], in the seed's order: target sync if due,
-        critic step, dual step, M-step(s) with the updated multipliers. Skipped
-        (state unchanged, counted) when anything computed is not finite."""
+        critic step, dual step, M-step(s) with the updated multipliers. With
+        `skip_nonfinite`, skipped (state unchanged, counted) when anything
+        computed is not finite."""
         target_key, e_key = jax.random.split(key)
         if args.tau == 0.0:
             sync = learner.steps % args.target_update_period == 0
@@ -581,9 +596,12 @@ def make_train(args: Args) -> MPO:
             polyak = lambda t, p: (1.0 - args.tau) * t + args.tau * p
             new = new.replace(target_policy=jax.tree.map(polyak, new.target_policy, new.policy),
                               target_critic=jax.tree.map(polyak, new.target_critic, new.critic))
-        ok = all_finite((w, y, critic_loss, dual_loss, policy_losses, critic_params, policy_params, duals))
-        learner = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, learner)
-        learner = learner.replace(skipped=learner.skipped + (~ok).astype(jnp.int32))
+        if args.skip_nonfinite:
+            ok = all_finite((w, y, critic_loss, dual_loss, policy_losses, critic_params, policy_params, duals))
+            learner = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, learner)
+            learner = learner.replace(skipped=learner.skipped + (~ok).astype(jnp.int32))
+        else:  # applied as computed: a non-finite state stops the run as diverged (common/runner.py)
+            learner = new
         e_step_kl = weights_kl_to_uniform(q_weights)
         metrics = {
             "critic_loss": critic_loss,
@@ -638,11 +656,12 @@ def make_train(args: Args) -> MPO:
         """`steps_per_update` env steps per seed with their learner steps; metrics
         are means over that stretch (NaN before learning starts)."""
         state, (episode_info, metrics) = jax.lax.scan(phase, state, None, args.phases_per_update)
+        skipped = {"skipped_updates": state.learner.skipped.astype(jnp.float32)} if args.skip_nonfinite else {}
         return state, {
             **envs.episode_metrics(episode_info),
             **jax.tree.map(jnp.nanmean, metrics),
             "learner_steps": state.learner.steps.astype(jnp.float32),
-            "skipped_updates": state.learner.skipped.astype(jnp.float32),
+            **skipped,
         }
 
     def train(key: jax.Array):

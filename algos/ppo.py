@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
 import jax
@@ -33,6 +33,7 @@ import optax
 from flax import nnx, struct
 
 from jaxzoo import cli, envs, runner
+from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fields
 
 
 # --------------------------------------------------------------------------- #
@@ -44,15 +45,15 @@ class Args:
 
     exp_name: str = "ppo"
     """name of the experiment: part of the run directory and the plot label"""
-    seed: int = 0
+    seed: Annotated[int, NonNegative] = 0
     """seed of the first run; seed index i uses seed + i"""
-    num_seeds: int = 1
+    num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "CartPole-v1"
     """gymnax environment id"""
-    total_timesteps: int = 500_000
+    total_timesteps: Annotated[int, AtLeastOne] = 500_000
     """environment steps per seed"""
-    log_every: int = 10
+    log_every: Annotated[int, AtLeastOne] = 10
     """updates per jitted chunk: metrics, progress and checkpoints happen between chunks"""
     track: bool = False
     """log to Weights & Biases (needs the `logging` extra)"""
@@ -60,61 +61,61 @@ class Args:
     """write TensorBoard event files into the run directory (needs the `logging` extra)"""
     save_model: bool = True
     """write checkpoints of the whole runner state (needed for --resume)"""
-    checkpoint_every: int = 100
+    checkpoint_every: Annotated[int, AtLeastOne] = 100
     """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end"""
     resume: str | None = None
     """run directory to resume; its args.json replaces every other flag"""
     run_root: str = "runs"
     """directory under which run directories are created"""
-    eval_episodes: int = 10
+    eval_episodes: Annotated[int, AtLeastOne] = 10
     """greedy evaluation episodes per seed at the end of training"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
 
     # algorithm-specific
-    max_episode_steps: int = 0
+    max_episode_steps: Annotated[int, NonNegative] = 0
     """time limit of an episode; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0)"""
-    num_envs: int = 4
+    num_envs: Annotated[int, AtLeastOne] = 4
     """parallel environments per seed"""
-    num_steps: int = 128
+    num_steps: Annotated[int, AtLeastOne] = 128
     """steps per environment per rollout"""
-    learning_rate: float = 2.5e-4
+    learning_rate: Annotated[float, Positive] = 2.5e-4
     """Adam learning rate"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over the run"""
-    adam_eps: float = 1e-5
+    adam_eps: Annotated[float, Positive] = 1e-5
     """Adam epsilon"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Fraction] = 0.99
     """discount factor"""
-    gae_lambda: float = 0.95
+    gae_lambda: Annotated[float, Fraction] = 0.95
     """GAE lambda"""
-    num_minibatches: int = 4
+    num_minibatches: Annotated[int, AtLeastOne] = 4
     """minibatches per epoch; must divide num_envs * num_steps"""
-    update_epochs: int = 4
+    update_epochs: Annotated[int, AtLeastOne] = 4
     """epochs over each rollout"""
     norm_adv: bool = True
     """normalise advantages within each minibatch"""
-    clip_coef: float = 0.2
+    clip_coef: Annotated[float, Positive] = 0.2
     """surrogate clipping epsilon"""
     clip_vloss: bool = True
     """clip the value loss around the rollout's value predictions"""
-    vf_clip_coef: float = 0.2
+    vf_clip_coef: Annotated[float, Positive] = 0.2
     """value clipping range (RLlib's vf_clip_param is 10)"""
-    ent_coef: float = 0.01
+    ent_coef: Annotated[float, NonNegative] = 0.01
     """entropy bonus coefficient"""
-    vf_coef: float = 0.5
+    vf_coef: Annotated[float, NonNegative] = 0.5
     """value loss coefficient"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: Annotated[float, NonNegative] = 0.5
     """global gradient-norm clip (0 turns clipping off, as RLlib's default grad_clip=None)"""
-    target_kl: float | None = None
+    target_kl: Annotated[float | None, Positive] = None
     """stop the epochs of an update once an epoch's mean approx-KL exceeds this (None: never)"""
-    kl_coef: float = 0.0
+    kl_coef: Annotated[float, NonNegative] = 0.0
     """initial adaptive KL-penalty coefficient as in RLlib (0: no penalty)"""
-    kl_target: float = 0.01
+    kl_target: Annotated[float, Positive] = 0.01
     """KL target of the adaptive penalty: x1.5 above 2x target, x0.5 below half"""
     torso: Literal["auto", "mlp", "cnn"] = "auto"
     """network torso: auto picks cnn for image observations [H, W, C], mlp otherwise"""
-    hidden_sizes: tuple[int, ...] = (64, 64)
+    hidden_sizes: Annotated[tuple[int, ...], AtLeastOne] = (64, 64)
     """MLP layer widths (after the convolution for the cnn torso)"""
     activation: Literal["tanh", "relu"] = "tanh"
     """hidden-layer activation"""
@@ -126,25 +127,17 @@ class Args:
     """scale rewards by the running std of the discounted return (continuous control)"""
 
     def __post_init__(self):
-        if self.max_grad_norm < 0:
-            raise ValueError(f"max_grad_norm must be >= 0 (0 turns clipping off), got {self.max_grad_norm}")
-        if self.max_episode_steps < 0:
-            raise ValueError(f"max_episode_steps must be >= 0 (0 keeps the env's time limit), got {self.max_episode_steps}")
-        positive = ("num_seeds", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-                    "log_every", "checkpoint_every", "eval_episodes")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"the batch num_envs * num_steps = {self.num_envs} * {self.num_steps} = "
                 f"{self.batch_size} does not divide into num_minibatches={self.num_minibatches} "
-                f"minibatches; choose a divisor of {self.batch_size}"
+                f"minibatches; accepted: a divisor of {self.batch_size}"
             )
         if self.num_updates < 1:
             raise ValueError(
                 f"total_timesteps={self.total_timesteps} is less than one batch "
-                f"(num_envs * num_steps = {self.batch_size})"
+                f"(num_envs * num_steps = {self.batch_size}); accepted: total_timesteps >= {self.batch_size}"
             )
 
     @property
@@ -317,7 +310,7 @@ class Hyperparams:
     vf_coef: jax.Array  # []
 
     @classmethod
-    def from_args(cls, args: Args) -> "Hyperparams":
+    def from_args(cls, args: Args) -> Hyperparams:
         return cls(*(jnp.float32(getattr(args, f.name)) for f in dataclasses.fields(cls)))
 
 

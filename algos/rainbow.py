@@ -29,7 +29,7 @@ Details, logged metrics and measured results: docs/rainbow.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
 import jax
@@ -39,6 +39,7 @@ import optax
 from flax import nnx, struct
 
 from jaxzoo import buffers, cli, envs, runner
+from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Positive, check_fields
 
 
 # --------------------------------------------------------------------------- #
@@ -50,15 +51,15 @@ class Args:
 
     exp_name: str = "rainbow"
     """name of the experiment: part of the run directory and the plot label"""
-    seed: int = 0
+    seed: Annotated[int, NonNegative] = 0
     """seed of the first run; seed index i uses seed + i"""
-    num_seeds: int = 1
+    num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "CartPole-v1"
     """gymnax environment id (discrete actions only)"""
-    total_timesteps: int = 500_000
+    total_timesteps: Annotated[int, AtLeastOne] = 500_000
     """environment steps per seed"""
-    log_every: int = 10
+    log_every: Annotated[int, AtLeastOne] = 10
     """updates per jitted chunk: metrics, progress and checkpoints happen between chunks"""
     track: bool = False
     """log to Weights & Biases (needs the `logging` extra)"""
@@ -66,51 +67,51 @@ class Args:
     """write TensorBoard event files into the run directory (needs the `logging` extra)"""
     save_model: bool = True
     """write checkpoints of the whole runner state, replay included (needed for --resume)"""
-    checkpoint_every: int = 100
+    checkpoint_every: Annotated[int, AtLeastOne] = 100
     """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end"""
     resume: str | None = None
     """run directory to resume; its args.json replaces every other flag"""
     run_root: str = "runs"
     """directory under which run directories are created"""
-    eval_episodes: int = 10
+    eval_episodes: Annotated[int, AtLeastOne] = 10
     """greedy evaluation episodes per seed at the end of training"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
 
     # algorithm-specific
-    num_envs: int = 10
+    num_envs: Annotated[int, AtLeastOne] = 10
     """parallel environments per seed"""
-    steps_per_update: int = 1000
+    steps_per_update: Annotated[int, AtLeastOne] = 1000
     """env steps per seed in one `update` (one row of metrics.csv)"""
-    train_frequency: int = 10
+    train_frequency: Annotated[int, AtLeastOne] = 10
     """env steps per seed between gradient phases (a multiple of num_envs)"""
-    gradient_steps: int = 1
+    gradient_steps: Annotated[int, AtLeastOne] = 1
     """gradient steps per gradient phase: replay ratio = gradient_steps * batch_size / train_frequency"""
-    buffer_size: int = 10_000
+    buffer_size: Annotated[int, AtLeastOne] = 10_000
     """replay capacity in transitions per seed"""
-    batch_size: int = 128
+    batch_size: Annotated[int, AtLeastOne] = 128
     """transitions per gradient step"""
-    learning_starts: int = 10_000
+    learning_starts: Annotated[int, NonNegative] = 10_000
     """env steps per seed before the first gradient step"""
-    learning_rate: float = 2.5e-4
+    learning_rate: Annotated[float, Positive] = 2.5e-4
     """Adam learning rate"""
     anneal_lr: bool = False
     """decay the learning rate linearly to 0 over the run's gradient steps"""
-    adam_eps: float = 1e-8
+    adam_eps: Annotated[float, Positive] = 1e-8
     """Adam epsilon"""
-    max_grad_norm: float = 0.0
+    max_grad_norm: Annotated[float, NonNegative] = 0.0
     """global gradient-norm clip (0: none)"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Fraction] = 0.99
     """discount factor"""
-    target_update_period: int = 500
+    target_update_period: Annotated[int, AtLeastOne] = 500
     """env steps per seed between target-network updates"""
-    tau: float = 1.0
+    tau: Annotated[float, OpenFraction] = 1.0
     """target update: target <- tau * online + (1 - tau) * target (1: hard copy)"""
-    start_e: float = 1.0
+    start_e: Annotated[float, Fraction] = 1.0
     """initial epsilon of epsilon-greedy exploration (ignored with noisy nets)"""
-    end_e: float = 0.05
+    end_e: Annotated[float, Fraction] = 0.05
     """final epsilon"""
-    exploration_fraction: float = 0.5
+    exploration_fraction: Annotated[float, Fraction] = 0.5
     """fraction of total_timesteps over which epsilon decays linearly"""
     loss: Literal["mse", "huber"] = "mse"
     """TD loss for expected-value DQN (num_atoms 1): squared error or Huber (delta 1)"""
@@ -120,60 +121,67 @@ class Args:
     """dueling heads: Q = V + A - mean_a A"""
     noisy: bool = False
     """factorised Gaussian noisy layers instead of epsilon-greedy"""
-    sigma0: float = 0.5
+    sigma0: Annotated[float, NonNegative] = 0.5
     """initial noise scale of noisy layers (sigma = sigma0 / sqrt(fan_in))"""
-    num_atoms: int = 1
+    num_atoms: Annotated[int, AtLeastOne] = 1
     """atoms of the categorical return distribution (1: expected-value DQN)"""
     v_min: float = -100.0
     """lowest atom of the support"""
     v_max: float = 100.0
     """highest atom of the support"""
-    n_step: int = 1
+    n_step: Annotated[int, AtLeastOne] = 1
     """n-step returns (cut at episode ends)"""
     prioritized: bool = False
     """proportional prioritized replay"""
-    per_alpha: float = 0.6
+    per_alpha: Annotated[float, NonNegative] = 0.6
     """priority exponent alpha"""
-    per_beta0: float = 0.4
+    per_beta0: Annotated[float, Fraction] = 0.4
     """importance-sampling exponent at the start, annealed linearly to per_beta1 over the run"""
-    per_beta1: float = 1.0
+    per_beta1: Annotated[float, Fraction] = 1.0
     """importance-sampling exponent at the end (RLlib keeps beta fixed: per_beta1 = per_beta0)"""
-    per_eps: float = 1e-6
+    per_eps: Annotated[float, Positive] = 1e-6
     """added to |TD error| (or the C51 loss) to form a priority"""
     torso: Literal["auto", "mlp", "cnn"] = "auto"
     """auto picks the MinAtar cnn for image observations [H, W, C], mlp otherwise"""
-    hidden_sizes: tuple[int, ...] = (120, 84)
+    hidden_sizes: Annotated[tuple[int, ...], AtLeastOne] = (120, 84)
     """hidden layer widths (after the convolution for the cnn torso)"""
     activation: Literal["relu", "tanh"] = "relu"
     """hidden-layer activation"""
 
     def __post_init__(self):
-        positive = ("num_seeds", "num_envs", "steps_per_update", "train_frequency", "gradient_steps",
-                    "buffer_size", "batch_size", "target_update_period", "num_atoms", "n_step",
-                    "log_every", "checkpoint_every", "eval_episodes")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
         if self.train_frequency % self.num_envs:
             raise ValueError(
                 f"train_frequency={self.train_frequency} must be a multiple of num_envs={self.num_envs} "
-                "(each env steps train_frequency / num_envs times between gradient phases)"
+                "(each env steps train_frequency / num_envs times between gradient phases); accepted: "
+                f"a multiple of {self.num_envs}"
             )
         if self.steps_per_update % self.train_frequency:
             raise ValueError(
-                f"steps_per_update={self.steps_per_update} must be a multiple of train_frequency={self.train_frequency}"
+                f"steps_per_update={self.steps_per_update} must be a multiple of train_frequency={self.train_frequency}; "
+                f"accepted: a multiple of {self.train_frequency}"
             )
         if self.num_atoms == 2 or (self.num_atoms > 1 and not self.v_min < self.v_max):
             raise ValueError(
                 f"a categorical distribution needs num_atoms >= 3 and v_min < v_max, got num_atoms={self.num_atoms}, "
-                f"v_min={self.v_min}, v_max={self.v_max} (num_atoms 1 is expected-value DQN)"
+                f"v_min={self.v_min}, v_max={self.v_max}; accepted: num_atoms 1 (expected-value DQN), or "
+                "num_atoms >= 3 with v_min < v_max"
             )
         if self.buffer_size // self.num_envs < self.n_step + 1:
-            raise ValueError(f"buffer_size={self.buffer_size} is too small for num_envs={self.num_envs}, n_step={self.n_step}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau must be in (0, 1], got {self.tau}")
+            raise ValueError(
+                f"buffer_size={self.buffer_size} is too small for num_envs={self.num_envs}, n_step={self.n_step}; "
+                f"accepted: buffer_size >= num_envs * (n_step + 1) = {self.num_envs * (self.n_step + 1)}"
+            )
         if self.num_updates < 1:
-            raise ValueError(f"total_timesteps={self.total_timesteps} is less than steps_per_update={self.steps_per_update}")
+            raise ValueError(f"total_timesteps={self.total_timesteps} is less than steps_per_update="
+                             f"{self.steps_per_update}; accepted: total_timesteps >= {self.steps_per_update}")
+        run_steps = self.num_updates * self.steps_per_update  # env steps per seed the run takes
+        if self.learning_starts >= run_steps:
+            budget = (f"total_timesteps={self.total_timesteps}" if run_steps == self.total_timesteps else
+                      f"the {run_steps} env steps per seed the run takes (total_timesteps={self.total_timesteps} in "
+                      f"whole updates of steps_per_update={self.steps_per_update})")
+            raise ValueError(f"learning_starts={self.learning_starts} is not below {budget}: no gradient step would be "
+                             f"taken; accepted: learning_starts < {run_steps}")
 
     @property
     def num_updates(self) -> int:
@@ -288,8 +296,8 @@ class QNetwork(nnx.Module):
 
     def noise_scale(self) -> jax.Array:
         """[]: the noisy layers' mean noise_scale (NaN without noisy layers)."""
-        layers = [l for l in (*self.hidden, self.advantage, self.value) if isinstance(l, NoisyLinear)]
-        return jnp.mean(jnp.stack([l.noise_scale() for l in layers])) if layers else jnp.float32(jnp.nan)
+        layers = [m for m in (*self.hidden, self.advantage, self.value) if isinstance(m, NoisyLinear)]
+        return jnp.mean(jnp.stack([m.noise_scale() for m in layers])) if layers else jnp.float32(jnp.nan)
 
     def __call__(self, obs: jax.Array, key: jax.Array | None = None) -> jax.Array:
         keys = [None] * (len(self.hidden) + 2) if key is None else list(jax.random.split(key, len(self.hidden) + 2))

@@ -124,19 +124,14 @@ class Run:
         os.replace(tmp, self.csv_path)
 
     def log(self, update: np.ndarray, global_step: np.ndarray, metrics: Mapping[str, np.ndarray]) -> None:
-        names = sorted(metrics)
         if self._csv_writer is None:
-            exists = self.csv_path.exists() and self.csv_path.stat().st_size > 0
-            self._csv_file = open(self.csv_path, "a", newline="")
-            self._csv_writer = csv.writer(self._csv_file)
-            self._columns = list(KEY_COLUMNS) + names
-            if not exists:
-                self._csv_writer.writerow(self._columns)
+            self._open_csv(sorted(metrics))
+        names = self._columns[len(KEY_COLUMNS):]  # a column this chunk lacks is written as nan
         num_seeds = next(iter(metrics.values())).shape[0]
         for j in range(len(update)):
             for i in range(num_seeds):
                 row = [int(update[j]), int(global_step[j]), i, self.args.seed + i]
-                row += [_fmt(metrics[n][i, j]) for n in names]
+                row += [_fmt(metrics[n][i, j]) if n in metrics else "nan" for n in names]
                 self._csv_writer.writerow(row)
         self._csv_file.flush()
         # Mean over seeds of the last finite value of each metric in the chunk.
@@ -151,6 +146,30 @@ class Run:
             self.latest_return = summary["episode_return"]
         self.latest_sps = summary.get("steps_per_second", math.nan)
         self.progress(step)
+
+    def _open_csv(self, names: list[str]) -> None:
+        """Open metrics.csv for appending. A resumed run whose metrics differ
+        from the file's columns (a newer version logs another metric) keeps
+        every row: the file is rewritten once with the union of the columns,
+        old rows holding nan in the new ones."""
+        columns = list(KEY_COLUMNS) + names
+        if self.csv_path.exists() and self.csv_path.stat().st_size > 0:
+            with open(self.csv_path, newline="") as f:
+                rows = list(csv.reader(f))
+            header = rows[0]
+            if header != columns:
+                columns = header + [n for n in names if n not in header]
+                body = [row + ["nan"] * (len(columns) - len(header)) for row in _whole_rows(header, rows[1:])]
+                tmp = self.csv_path.with_name(".metrics.csv.tmp")
+                with open(tmp, "w", newline="") as f:
+                    csv.writer(f).writerows([columns, *body])
+                os.replace(tmp, self.csv_path)
+        else:
+            with open(self.csv_path, "w", newline="") as f:
+                csv.writer(f).writerow(columns)
+        self._columns = columns
+        self._csv_file = open(self.csv_path, "a", newline="")
+        self._csv_writer = csv.writer(self._csv_file)
 
     def progress(self, step: int, final: bool = False) -> None:
         """One progress line: at most once a second (in place on a terminal),

@@ -282,3 +282,23 @@ def test_slow_chunks_are_shortened_so_a_signal_is_answered_quickly(tmp_path, mon
     result = runner.run(args, "toy", init, slow_update, evaluate, num_updates=12, steps_per_update=10)
     assert sizes[:2] == [4, 4] and max(sizes[2:]) <= 2 and sum(sizes) == 12
     assert float(result.state["weight"][0]) == 12  # every update ran once
+
+
+def test_a_resumed_run_that_logs_other_metrics_keeps_every_row(tmp_path):
+    """A newer version may log a metric the run's metrics.csv lacks (or drop
+    one): the rows already written stay, aligned, with nan where a column is new."""
+    args, run_dir = finished_toy_run(tmp_path)
+    init, update, evaluate = toy_algorithm(args)
+
+    def update_with_more(state):
+        state, metrics = update(state)
+        return state, {**metrics, "extra": state["weight"] * 0 + 7}
+
+    runner.run(dataclasses.replace(args, resume=run_dir), "toy", init, update_with_more, evaluate, num_updates=10,
+               steps_per_update=10)
+    rows = logger.read_metrics(run_dir)
+    mine = rows["seed_index"] == 0
+    assert sorted(rows["update"][mine]) == list(range(1, 11))
+    assert np.isnan(rows["extra"][mine & (rows["update"] <= 8)]).all()
+    assert (rows["extra"][mine & (rows["update"] > 8)] == 7).all()
+    np.testing.assert_array_equal(rows["loss"][mine], 2 * np.arange(1, 11))

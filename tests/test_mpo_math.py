@@ -5,8 +5,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxzoo.algos.mpo import (alpha_loss, decoupled_kls, e_step, gaussian_kl, gaussian_log_prob, m_step_loss, n_step_targets,
-                       positive, retrace_target, weights_kl_to_uniform)
+from jaxzoo.algos.mpo import (
+    alpha_loss,
+    decoupled_kls,
+    e_step,
+    gaussian_kl,
+    gaussian_log_prob,
+    m_step_loss,
+    n_step_targets,
+    positive,
+    retrace_target,
+    weights_kl_to_uniform,
+)
 
 
 def test_gaussian_kl_closed_form_and_monte_carlo():

@@ -9,10 +9,10 @@ import sys
 import jax
 import numpy as np
 import pytest
-
-from jaxzoo.algos import ppo
-from jaxzoo import checkpoint, cli, logger, runner
 from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script
+
+from jaxzoo import checkpoint, cli, logger, runner
+from jaxzoo.algos import ppo
 
 
 def tiny(tmp_path, **overrides) -> ppo.Args:
@@ -85,8 +85,36 @@ def test_batch_that_does_not_divide_into_minibatches():
 def test_max_episode_steps_sets_the_time_limit(tmp_path):
     assert ppo.make_train(tiny(tmp_path, max_episode_steps=200)).spec.max_episode_steps == 200
     assert ppo.make_train(tiny(tmp_path)).spec.max_episode_steps == 500  # CartPole-v1's own
-    with pytest.raises(ValueError, match="max_episode_steps must be >= 0.*got -1"):
+    with pytest.raises(ValueError, match=r"max_episode_steps=-1 is out of range; accepted: >= 0"):
         ppo.Args(max_episode_steps=-1)
+
+
+def test_bad_values_name_the_field_the_value_and_what_is_accepted():
+    for overrides, message in [
+        (dict(eval_episodes=0), r"eval_episodes=0 is out of range; accepted: >= 1"),
+        (dict(gae_lambda=1.5), r"gae_lambda=1.5 is out of range; accepted: in \[0, 1\]"),
+        (dict(clip_coef=0.0), r"clip_coef=0.0 is out of range; accepted: > 0"),
+        (dict(target_kl=-0.1), r"target_kl=-0.1 is out of range; accepted: > 0"),
+        (dict(hidden_sizes=(64, 0)), r"hidden_sizes=\(64, 0\) \(element 0\) is out of range; accepted: >= 1"),
+        (dict(learning_rate=float("inf")), r"learning_rate=inf is not a finite number"),
+        (dict(total_timesteps=100), r"total_timesteps=100 is less than one batch .*accepted: total_timesteps >= 512"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            ppo.Args(**overrides)
+    assert ppo.Args(target_kl=None).target_kl is None  # None: no early stop
+
+
+def test_max_grad_norm_zero_turns_clipping_off(tmp_path):
+    """0 is no clipping (the same update as an unreachable clip), not a clip to 0."""
+    after = {}
+    for max_grad_norm in (0.0, 1e9):
+        algo = ppo.make_train(tiny(tmp_path, max_grad_norm=max_grad_norm))
+        state = algo.init(jax.random.key(0))
+        after[max_grad_norm] = (state.params, jax.jit(algo.update)(state)[0].params)
+    before, unclipped = after[0.0]
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(unclipped)))
+    for a, b in zip(jax.tree.leaves(unclipped), jax.tree.leaves(after[1e9][1])):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_unknown_env_id(tmp_path):

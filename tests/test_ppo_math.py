@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxzoo.algos.ppo import Batch, Hyperparams, adapt_kl_coef, compute_gae, explained_variance, ppo_loss, Args
+from jaxzoo.algos.ppo import Args, Batch, Hyperparams, adapt_kl_coef, compute_gae, explained_variance, ppo_loss
 
 
 def gae_by_definition(rewards, values, next_values, terminated, truncated, gamma, lam):

@@ -8,10 +8,10 @@ import tomllib
 import jax
 import numpy as np
 import pytest
-
-from jaxzoo.algos import rainbow
-from jaxzoo import checkpoint, cli, logger
 from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script
+
+from jaxzoo import checkpoint, cli, logger
+from jaxzoo.algos import rainbow
 
 TABLES = tomllib.loads((ROOT / "configs" / "rainbow.toml").read_text())
 # Presets that only change the game of another preset are covered by that preset.
@@ -106,6 +106,43 @@ def test_bad_values_are_named():
         rainbow.Args(num_envs=2, train_frequency=5)
     with pytest.raises(ValueError, match="num_atoms >= 3"):
         rainbow.Args(num_atoms=2)
+    for overrides, message in [
+        (dict(eval_episodes=0), r"eval_episodes=0 is out of range; accepted: >= 1"),
+        (dict(tau=0.0), r"tau=0.0 is out of range; accepted: in \(0, 1\]"),
+        (dict(per_beta1=1.5), r"per_beta1=1.5 is out of range; accepted: in \[0, 1\]"),
+        (dict(hidden_sizes=(120, 0)), r"hidden_sizes=\(120, 0\) \(element 0\) is out of range; accepted: >= 1"),
+        (dict(v_max=float("nan")), r"v_max=nan is not a finite number"),
+        (dict(buffer_size=6, num_envs=2, train_frequency=2, n_step=3), r"buffer_size=6 is too small .* accepted: "
+                                                                        r"buffer_size >= num_envs \* \(n_step \+ 1\) = 8"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            rainbow.Args(**overrides)
+
+
+def test_a_run_that_would_never_learn_is_refused(tmp_path):
+    """learning_starts at or past the run's env steps: once every loss row was NaN and the run exited 0."""
+    with pytest.raises(ValueError, match=r"learning_starts=2000 is not below total_timesteps=2000: no gradient step "
+                                         r"would be taken; accepted: learning_starts < 2000"):
+        tiny(tmp_path, learning_starts=2000)
+    # 2100 steps are 10 whole updates of 200: the run takes 2000.
+    with pytest.raises(ValueError, match=r"learning_starts=2050 is not below the 2000 env steps per seed the run "
+                                         r"takes \(total_timesteps=2100"):
+        tiny(tmp_path, total_timesteps=2100, learning_starts=2050)
+    assert tiny(tmp_path, learning_starts=1999).num_gradient_steps > 0
+
+
+def test_max_grad_norm_zero_turns_clipping_off(tmp_path):
+    """0 is no clipping (the same step as an unreachable clip), not a clip to 0."""
+    after = {}
+    for max_grad_norm in (0.0, 1e9):
+        algo = rainbow.make_train(tiny(tmp_path, max_grad_norm=max_grad_norm, total_timesteps=400, learning_starts=200))
+        state = algo.init(jax.random.key(0))
+        after[max_grad_norm] = (state.params, jax.jit(algo.update)(state)[0])
+    before, unclipped = after[0.0][0], after[0.0][1]
+    assert int(unclipped.gradient_steps) > 0
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(unclipped.params)))
+    for a, b in zip(jax.tree.leaves(unclipped.params), jax.tree.leaves(after[1e9][1].params)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_cli_tiny_run_and_help(tmp_path):

@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxzoo.algos.rainbow import (NoisyLinear, bootstrap_outputs, categorical_projection, dueling_aggregate, importance_weights,
-                           linear_schedule, n_step_targets)
+from jaxzoo.algos.rainbow import (
+    NoisyLinear,
+    bootstrap_outputs,
+    categorical_projection,
+    dueling_aggregate,
+    importance_weights,
+    linear_schedule,
+    n_step_targets,
+)
 
 
 def n_step_loop(rewards, terminated, truncated, gamma):
