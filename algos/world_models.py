@@ -78,7 +78,7 @@ class Args:
     checkpoint_every: Annotated[int, AtLeastOne] = 5
     """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end of a stage"""
     resume: str | None = None
-    """run directory to resume; its args.json replaces every other flag, finished stages are loaded"""
+    """run directory to resume: the run continues with its saved args.json (finished stages are loaded); a flag that differs from it is refused, except total_timesteps and the reporting flags (docs/reliability.md)"""
     run_root: str = "runs"
     """directory under which run directories are created"""
     eval_episodes: Annotated[int, AtLeastOne] = 100
