@@ -30,7 +30,7 @@ Details, logged metrics and measured results: docs/unizero.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
 import jax
@@ -41,6 +41,7 @@ import optax
 from flax import nnx, struct
 
 from jaxzoo import buffers, cli, envs, runner
+from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Positive, Range, check_fields
 
 
 # --------------------------------------------------------------------------- #
@@ -52,15 +53,15 @@ class Args:
 
     exp_name: str = "unizero"
     """name of the experiment: part of the run directory and the plot label"""
-    seed: int = 0
+    seed: Annotated[int, NonNegative] = 0
     """seed of the first run; seed index i uses seed + i"""
-    num_seeds: int = 1
+    num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "CartPole-v1"
     """gymnax environment id (discrete actions only)"""
-    total_timesteps: int = 50_000
+    total_timesteps: Annotated[int, AtLeastOne] = 50_000
     """environment steps per seed"""
-    log_every: int = 5
+    log_every: Annotated[int, AtLeastOne] = 5
     """updates per jitted chunk: metrics, progress and checkpoints happen between chunks"""
     track: bool = False
     """log to Weights & Biases (needs the `logging` extra)"""
@@ -68,106 +69,105 @@ class Args:
     """write TensorBoard event files into the run directory (needs the `logging` extra)"""
     save_model: bool = True
     """write checkpoints of the whole runner state, replay included (needed for --resume)"""
-    checkpoint_every: int = 50
+    checkpoint_every: Annotated[int, AtLeastOne] = 50
     """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end"""
     resume: str | None = None
-    """run directory to resume; its args.json replaces every other flag"""
+    """run directory to resume: the run continues with its saved args.json; a flag that differs from it is refused, except total_timesteps and the reporting flags (docs/reliability.md)"""
     run_root: str = "runs"
     """directory under which run directories are created"""
-    eval_episodes: int = 10
+    eval_episodes: Annotated[int, AtLeastOne] = 10
     """greedy evaluation episodes per seed at the end of training (with search, no noise)"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
 
     # algorithm-specific
-    eval_every: int = 0
+    eval_every: Annotated[int, NonNegative] = 0
     """updates between greedy evaluations during training (search, no noise), logged as eval_return; 0: only at the end"""
-    max_episode_steps: int = 0
-    """time limit of an episode; 0 keeps the env's own (200 for LightZero's CartPole-v0)"""
-    num_envs: int = 8
+    max_episode_steps: Annotated[int, NonNegative] = 0
+    """time limit of an episode in env steps; 0 keeps the env's own (200 for LightZero's CartPole-v0)"""
+    num_envs: Annotated[int, AtLeastOne] = 8
     """parallel environments per seed (LightZero: 8 collector envs)"""
-    num_steps: int = 25
-    """steps per env in one update: collect num_envs x num_steps transitions, then train"""
-    replay_ratio: float = 0.25
+    num_steps: Annotated[int, AtLeastOne] = 25
+    """env steps per env in one update: collect num_envs x num_steps transitions, then train"""
+    replay_ratio: Annotated[float, Positive] = 0.25
     """gradient steps per new env step (LightZero: 0.25); each update runs replay_ratio x num_envs x num_steps"""
-    buffer_size: int = 100_000
+    buffer_size: Annotated[int, AtLeastOne] = 100_000
     """replay capacity in transitions per seed"""
-    learning_starts: int = 256
+    learning_starts: Annotated[int, NonNegative] = 256
     """env steps per seed before the first gradient step"""
-    batch_size: int = 256
+    batch_size: Annotated[int, AtLeastOne] = 256
     """replayed windows per gradient step"""
-    num_unroll_steps: int = 5
-    """steps per training window (LightZero: 5); also the longest context the model is shown"""
-    td_steps: int = 5
+    num_unroll_steps: Annotated[int, AtLeastOne] = 5
+    """env steps per training window (LightZero: 5); also the longest context the model is shown"""
+    td_steps: Annotated[int, AtLeastOne] = 5
     """n of the n-step value targets"""
-    gamma: float = 0.997
+    gamma: Annotated[float, Fraction] = 0.997
     """discount of the value targets and of the search"""
-    context_steps: int = 4
+    context_steps: Annotated[int, AtLeastOne] = 4
     """real steps (the current one included) the search root sees, at most num_unroll_steps (LightZero: 8 tokens)"""
     search_policy: Literal["gumbel", "puct"] = "gumbel"
     """mctx search: Gumbel MuZero (acts with its Gumbel action) or MuZero's PUCT (acts on visit counts)"""
-    num_simulations: int = 16
+    num_simulations: Annotated[int, AtLeastOne] = 16
     """simulations per search (LightZero's CartPole: 25 with PUCT)"""
-    max_num_considered_actions: int = 16
+    max_num_considered_actions: Annotated[int, AtLeastOne] = 16
     """Gumbel MuZero: actions sampled without replacement at the root (sequential halving)"""
-    dirichlet_alpha: float = 0.3
+    dirichlet_alpha: Annotated[float, Positive] = 0.3
     """PUCT: Dirichlet noise concentration at the root during collection"""
-    dirichlet_fraction: float = 0.25
+    dirichlet_fraction: Annotated[float, Fraction] = 0.25
     """PUCT: weight of the Dirichlet noise in the root prior during collection"""
-    temperature: float = 0.25
+    temperature: Annotated[float, Positive] = 0.25
     """PUCT: collection samples actions from visit counts ^ (1 / temperature)"""
-    latent_coef: float = 10.0
+    latent_coef: Annotated[float, NonNegative] = 10.0
     """weight of the latent-consistency MSE"""
-    reward_coef: float = 1.0
+    reward_coef: Annotated[float, NonNegative] = 1.0
     """weight of the reward cross-entropy"""
-    policy_coef: float = 1.0
+    policy_coef: Annotated[float, NonNegative] = 1.0
     """weight of the policy cross-entropy against the search's action weights"""
-    value_coef: float = 0.5
+    value_coef: Annotated[float, NonNegative] = 0.5
     """weight of the value cross-entropy"""
-    learning_rate: float = 1e-4
+    learning_rate: Annotated[float, Positive] = 1e-4
     """AdamW learning rate"""
-    weight_decay: float = 1e-4
+    weight_decay: Annotated[float, NonNegative] = 1e-4
     """AdamW weight decay (on matrices only)"""
-    max_grad_norm: float = 5.0
-    """global gradient-norm clip"""
-    target_update_rate: float = 0.05
+    max_grad_norm: Annotated[float, NonNegative] = 5.0
+    """global gradient-norm clip (0 turns clipping off)"""
+    target_update_rate: Annotated[float, OpenFraction] = 0.05
     """EMA rate of the target model (latent and value targets), per gradient step"""
-    embed_dim: int = 64
+    embed_dim: Annotated[int, AtLeastOne] = 64
     """latent and token width"""
-    num_layers: int = 2
+    num_layers: Annotated[int, AtLeastOne] = 2
     """transformer layers"""
-    num_heads: int = 2
+    num_heads: Annotated[int, AtLeastOne] = 2
     """attention heads"""
-    dropout: float = 0.1
+    dropout: Annotated[float, Range(ge=0, lt=1)] = 0.1
     """dropout in the transformer during training (LightZero: 0.1); acting and targets run without it"""
-    support_size: int = 101
+    support_size: Annotated[int, Range(ge=3)] = 101
     """bins of the categorical reward and value heads, on [-(n-1)/2, (n-1)/2] in h-space"""
 
     def __post_init__(self):
-        positive = ("num_seeds", "num_envs", "num_steps", "num_unroll_steps", "td_steps", "batch_size", "embed_dim",
-                    "num_layers", "num_heads", "log_every", "checkpoint_every", "eval_episodes", "num_simulations",
-                    "context_steps", "max_num_considered_actions")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
         if self.context_steps > self.num_unroll_steps:
             raise ValueError(
-                f"context_steps={self.context_steps} must be <= num_unroll_steps={self.num_unroll_steps}: "
-                "the root would see a longer history than any training window"
+                f"context_steps={self.context_steps} exceeds num_unroll_steps={self.num_unroll_steps} (the root would "
+                f"see a longer history than any training window); accepted: context_steps <= {self.num_unroll_steps}"
             )
         if self.embed_dim % (2 * self.num_heads):
-            raise ValueError(f"embed_dim={self.embed_dim} must divide into num_heads={self.num_heads} even head sizes")
-        if self.support_size % 2 == 0 or self.support_size < 3:
-            raise ValueError(f"support_size must be odd and >= 3, got {self.support_size}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+            raise ValueError(f"embed_dim={self.embed_dim} does not split into num_heads={self.num_heads} heads of even "
+                             f"size; accepted: a multiple of 2 * num_heads = {2 * self.num_heads}")
+        if self.support_size % 2 == 0:
+            raise ValueError(f"support_size={self.support_size} is even; accepted: an odd number >= 3 "
+                             "(the support is centred on 0)")
         if self.buffer_size // self.num_envs < self.window_length + 1:
             raise ValueError(
-                f"buffer_size={self.buffer_size} holds fewer than window_length + 1 = {self.window_length + 1} "
-                f"rows of num_envs={self.num_envs} transitions"
+                f"buffer_size={self.buffer_size} holds fewer than window_length + 1 = {self.window_length + 1} rows of "
+                f"num_envs={self.num_envs} transitions; accepted: buffer_size >= "
+                f"{(self.window_length + 1) * self.num_envs}"
             )
         if self.num_updates < 1:
-            raise ValueError(f"total_timesteps={self.total_timesteps} is less than one update ({self.steps_per_update} steps)")
+            raise ValueError(
+                f"total_timesteps={self.total_timesteps} is less than one update (num_envs * num_steps = "
+                f"{self.steps_per_update} steps); accepted: total_timesteps >= {self.steps_per_update}"
+            )
 
     @property
     def steps_per_update(self) -> int:
@@ -376,21 +376,21 @@ def forward_window(model: WorldModel, window: Window, key: jax.Array | None = No
     return model.policy_head(at_latent), model.value_head(at_latent), model.next_latent(at_action), model.reward_head(at_action)
 
 
-def last_hidden(model: WorldModel, node: "SearchNode") -> jax.Array:
+def last_hidden(model: WorldModel, node: SearchNode) -> jax.Array:
     """Hidden state [B, D] of the last token of a token window (causal, valid tokens only)."""
     width = node.tokens.shape[1]
     mask = (jnp.tril(jnp.ones((width, width), bool))[None] & node.valid[:, None, :]) | jnp.eye(width, dtype=bool)[None]
     return model.transformer(node.tokens, node.positions, mask)[:, -1]
 
 
-def push_token(node: "SearchNode", token: jax.Array, position: jax.Array) -> "SearchNode":
+def push_token(node: SearchNode, token: jax.Array, position: jax.Array) -> SearchNode:
     """Append a token [B, D] at `position` [B], dropping the oldest (a FIFO of fixed width)."""
     return SearchNode(jnp.concatenate([node.tokens[:, 1:], token[:, None]], 1),
                       jnp.concatenate([node.positions[:, 1:], position[:, None]], 1),
                       jnp.concatenate([node.valid[:, 1:], jnp.ones_like(node.valid[:, :1])], 1))
 
 
-def imagine_step(model: WorldModel, node: "SearchNode", action: jax.Array):
+def imagine_step(model: WorldModel, node: SearchNode, action: jax.Array):
     """One step inside the model: append the action token, whose hidden state
     predicts the reward and the next latent; append that latent, whose hidden
     state gives the policy and the value. Returns
@@ -404,7 +404,7 @@ def imagine_step(model: WorldModel, node: "SearchNode", action: jax.Array):
             logits_to_scalar(model.value_head(at_latent)))
 
 
-def root_node(model: WorldModel, history: "History", width: int) -> "SearchNode":
+def root_node(model: WorldModel, history: History, width: int) -> SearchNode:
     """The real history [o_{t-C+1}, a_{t-C+1}, ..., o_t] (2C - 1 tokens: the
     current observation last, its action not chosen yet) as a token window of
     `width` tokens, left-padded with invalid slots. Steps of an earlier episode
@@ -540,6 +540,21 @@ def cross_entropy(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
     return -jnp.sum(target_probs * jax.nn.log_softmax(logits, axis=-1), axis=-1)
 
 
+def env_options(env_id: str, max_episode_steps: int = 0) -> dict:
+    """Keyword arguments of `envs.make` for `env_id`. Only [H, W, C]
+    observations (MinAtar, Pong) reach the encoder's convolution as images;
+    every other shape (Catch's [10, 5] board, DeepSea's [8, 8], SimpleBandit's
+    [1, 1], FrozenLake's scalar state) is flattened to one float32 vector, the
+    encoder's MLP input. `max_episode_steps` (0: the env's own) replaces the
+    time limit."""
+    env, env_params = envs.make(env_id)
+    shape = envs.spec(env, env_params).obs_shape
+    options: dict = {"flatten_obs": not (len(shape) == 3 and min(shape[:2]) >= 3)}
+    if max_episode_steps:
+        options["max_episode_steps"] = max_episode_steps
+    return options
+
+
 # --------------------------------------------------------------------------- #
 # Training
 # --------------------------------------------------------------------------- #
@@ -559,15 +574,15 @@ class UniZero(NamedTuple):
 
 
 def make_train(args: Args) -> UniZero:
-    max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
-    spec = envs.spec(*envs.make(args.env_id, **max_steps))
+    env_kwargs = env_options(args.env_id, args.max_episode_steps)
+    spec = envs.spec(*envs.make(args.env_id, **env_kwargs))
     if not spec.discrete:
         raise ValueError(
             f"{args.env_id} has a continuous action space ({spec.num_actions}-dimensional Box); UniZero's tree search "
             "here needs discrete actions (algos/ppo.py or algos/mpo.py handle continuous control)"
         )
-    env, env_params = envs.make(args.env_id, args.num_envs, **max_steps)
-    eval_env, _ = envs.make(args.env_id, args.eval_episodes, **max_steps)
+    env, env_params = envs.make(args.env_id, args.num_envs, **env_kwargs)
+    eval_env, _ = envs.make(args.env_id, args.eval_episodes, **env_kwargs)
     K, n, N, C, L = args.num_unroll_steps, args.td_steps, args.num_envs, args.context_steps, args.window_length
     W = 2 * K  # tokens a search node carries: the longest context training shows
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(0))))
@@ -577,10 +592,9 @@ def make_train(args: Args) -> UniZero:
 
     # AdamW with weight decay on matrices only (LightZero's configure_optimizers).
     decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
-    optimizer = optax.chain(
-        optax.clip_by_global_norm(args.max_grad_norm),
-        optax.adamw(args.learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask),
-    )
+    optimizer = optax.adamw(args.learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask)
+    if args.max_grad_norm > 0:  # 0 turns clipping off
+        optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
 
     def empty_history(num: int) -> History:
         return History(obs=jnp.zeros((num, C) + spec.obs_shape), action=jnp.zeros((num, C), jnp.int32),

@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import chex
 import jax
@@ -55,6 +55,7 @@ import optax
 from flax import nnx, struct
 
 from jaxzoo import cli, envs, runner
+from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Positive, Range, check_fields
 
 
 # --------------------------------------------------------------------------- #
@@ -66,15 +67,15 @@ class Args:
 
     exp_name: str = "unizero_ppo"
     """name of the experiment: part of the run directory and the plot label"""
-    seed: int = 0
+    seed: Annotated[int, NonNegative] = 0
     """seed of the first run; seed index i uses seed + i"""
-    num_seeds: int = 1
+    num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "CartPole-v1"
     """gymnax environment id (discrete actions only)"""
-    total_timesteps: int = 100_000
+    total_timesteps: Annotated[int, AtLeastOne] = 100_000
     """environment steps per seed"""
-    log_every: int = 5
+    log_every: Annotated[int, AtLeastOne] = 5
     """updates per jitted chunk: metrics, progress and checkpoints happen between chunks"""
     track: bool = False
     """log to Weights & Biases (needs the `logging` extra)"""
@@ -82,112 +83,109 @@ class Args:
     """write TensorBoard event files into the run directory (needs the `logging` extra)"""
     save_model: bool = True
     """write checkpoints of the whole runner state (needed for --resume)"""
-    checkpoint_every: int = 50
+    checkpoint_every: Annotated[int, AtLeastOne] = 50
     """updates between checkpoints (rounded up to a chunk boundary); one is also written at the end"""
     resume: str | None = None
-    """run directory to resume; its args.json replaces every other flag"""
+    """run directory to resume: the run continues with its saved args.json; a flag that differs from it is refused, except total_timesteps and the reporting flags (docs/reliability.md)"""
     run_root: str = "runs"
     """directory under which run directories are created"""
-    eval_episodes: int = 10
+    eval_episodes: Annotated[int, AtLeastOne] = 10
     """greedy evaluation episodes per seed at the end of training"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
 
     # algorithm-specific
-    eval_every: int = 0
+    eval_every: Annotated[int, NonNegative] = 0
     """updates between greedy evaluations during training (argmax policy), logged as eval_return; 0: only at the end"""
-    max_episode_steps: int = 0
-    """time limit of an episode; 0 keeps the env's own (200 for the seed's CartPole-v0)"""
-    num_envs: int = 8
+    max_episode_steps: Annotated[int, NonNegative] = 0
+    """time limit of an episode in env steps; 0 keeps the env's own (200 for the seed's CartPole-v0)"""
+    num_envs: Annotated[int, AtLeastOne] = 8
     """parallel environments per seed (the seed: 8 collector envs)"""
-    num_steps: int = 50
-    """steps per env per collection phase (a multiple of num_unroll_steps)"""
-    num_unroll_steps: int = 5
-    """chunk length: the context of the policy and the length of a training window"""
-    temperature: float = 0.25
+    num_steps: Annotated[int, AtLeastOne] = 50
+    """env steps per env per collection phase (a multiple of num_unroll_steps)"""
+    num_unroll_steps: Annotated[int, AtLeastOne] = 5
+    """chunk length in env steps: the context of the policy and the length of a training window"""
+    temperature: Annotated[float, Positive] = 0.25
     """collection samples from softmax(logits / temperature); the stored log-prob is of that distribution"""
-    update_epochs: int = 4
+    update_epochs: Annotated[int, NonNegative] = 4
     """epochs over the phase's windows, each shuffled into num_minibatches minibatches (the standard PPO
     schedule; LightZero PR 498 uses 4); 0: the seed's schedule, replay_ratio draws of batch_size windows"""
-    num_minibatches: int = 4
+    num_minibatches: Annotated[int, AtLeastOne] = 4
     """minibatches per epoch when update_epochs > 0"""
-    replay_ratio: float = 0.25
+    replay_ratio: Annotated[float, Positive] = 0.25
     """update_epochs 0 only: gradient steps per new transition in each training phase (the seed: 0.25)"""
-    batch_size: int = 256
+    batch_size: Annotated[int, AtLeastOne] = 256
     """update_epochs 0 only: windows per gradient step, drawn with replacement from the phase's fresh windows"""
     ppo_heads_only: bool = True
     """the PPO surrogate, entropy and value losses train only the policy and value heads (the transformer's
     features reach them through a stop-gradient), as in LightZero PR 498; the world-model losses train the
     rest (off: the seed, one joint loss)"""
-    gamma: float = 0.997
+    gamma: Annotated[float, Fraction] = 0.997
     """discount of GAE (the seed: 0.99; LightZero's UniZero and PR 498: 0.997)"""
-    gae_lambda: float = 0.95
+    gae_lambda: Annotated[float, Fraction] = 0.95
     """GAE lambda"""
-    clip_coef: float = 0.2
+    clip_coef: Annotated[float, Positive] = 0.2
     """PPO clipping epsilon"""
     norm_adv: bool = True
     """normalise advantages over the phase's whole rollout (off: the seed)"""
-    target_kl: float = 0.03
+    target_kl: Annotated[float, NonNegative] = 0.03
     """stop a training phase once a batch's approximate KL exceeds this (0: never, the seed; PR 498: 0.03)"""
-    latent_coef: float = 10.0
+    latent_coef: Annotated[float, NonNegative] = 10.0
     """weight of the latent-consistency MSE"""
-    reward_coef: float = 1.0
+    reward_coef: Annotated[float, NonNegative] = 1.0
     """weight of the reward cross-entropy"""
-    policy_coef: float = 1.0
+    policy_coef: Annotated[float, NonNegative] = 1.0
     """weight of the PPO clipped surrogate"""
-    value_coef: float = 0.5
+    value_coef: Annotated[float, NonNegative] = 0.5
     """weight of the value cross-entropy"""
-    ent_coef: float = 0.01
+    ent_coef: Annotated[float, NonNegative] = 0.01
     """entropy bonus (the seed configured 0.01 but never applied it)"""
-    learning_rate: float = 3e-4
+    learning_rate: Annotated[float, Positive] = 3e-4
     """AdamW learning rate (the seed: 1e-4)"""
     anneal_lr: bool = False
     """decay the learning rate linearly to 0 over the run (off: the seed)"""
-    weight_decay: float = 1e-4
+    weight_decay: Annotated[float, NonNegative] = 1e-4
     """AdamW weight decay (on matrices only)"""
-    max_grad_norm: float = 5.0
-    """global gradient-norm clip"""
-    target_update_rate: float = 0.05
+    max_grad_norm: Annotated[float, NonNegative] = 5.0
+    """global gradient-norm clip (0 turns clipping off)"""
+    target_update_rate: Annotated[float, OpenFraction] = 0.05
     """EMA rate of the target encoder that makes latent targets"""
-    embed_dim: int = 64
+    embed_dim: Annotated[int, AtLeastOne] = 64
     """latent and token width"""
-    num_layers: int = 2
+    num_layers: Annotated[int, AtLeastOne] = 2
     """transformer layers"""
-    num_heads: int = 2
+    num_heads: Annotated[int, AtLeastOne] = 2
     """attention heads"""
-    dropout: float = 0.0
+    dropout: Annotated[float, Range(ge=0, lt=1)] = 0.0
     """dropout in the transformer during training (LightZero: 0.1; it makes the first PPO ratio differ from 1)"""
-    support_size: int = 101
+    support_size: Annotated[int, Range(ge=3)] = 101
     """bins of the categorical reward and value heads, on [-(n-1)/2, (n-1)/2] in h-space"""
-    eval_search: int = 0
+    eval_search: Annotated[int, NonNegative] = 0
     """also evaluate with Gumbel MuZero search of this many simulations on the trained model (0: off)"""
-    search_discount: float = 0.997
+    search_discount: Annotated[float, Fraction] = 0.997
     """discount of the evaluation search"""
 
     def __post_init__(self):
-        positive = ("num_seeds", "num_envs", "num_steps", "num_unroll_steps", "batch_size", "embed_dim",
-                    "num_layers", "num_heads", "log_every", "checkpoint_every", "eval_episodes")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
         if self.num_steps % self.num_unroll_steps:
             raise ValueError(
-                f"num_steps={self.num_steps} must be a multiple of num_unroll_steps={self.num_unroll_steps}: "
-                "rollouts are cut into whole chunks"
+                f"num_steps={self.num_steps} is not a multiple of num_unroll_steps={self.num_unroll_steps} (rollouts "
+                f"are cut into whole chunks); accepted: a multiple of {self.num_unroll_steps}"
             )
         if self.embed_dim % (2 * self.num_heads):
-            raise ValueError(f"embed_dim={self.embed_dim} must divide into num_heads={self.num_heads} even head sizes")
-        if self.support_size % 2 == 0 or self.support_size < 3:
-            raise ValueError(f"support_size must be odd and >= 3, got {self.support_size}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.update_epochs < 0:
-            raise ValueError(f"update_epochs must be >= 0 (0: replay_ratio draws), got {self.update_epochs}")
-        if self.update_epochs > 0 and not 1 <= self.num_minibatches <= self.num_windows:
-            raise ValueError(f"num_minibatches={self.num_minibatches} must be in [1, {self.num_windows}], "
-                             f"the number of {self.num_unroll_steps}-step windows a phase collects")
+            raise ValueError(f"embed_dim={self.embed_dim} does not split into num_heads={self.num_heads} heads of even "
+                             f"size; accepted: a multiple of 2 * num_heads = {2 * self.num_heads}")
+        if self.support_size % 2 == 0:
+            raise ValueError(f"support_size={self.support_size} is even; accepted: an odd number >= 3 "
+                             "(the support is centred on 0)")
+        if self.update_epochs > 0 and self.num_minibatches > self.num_windows:
+            raise ValueError(f"num_minibatches={self.num_minibatches} exceeds the {self.num_windows} "
+                             f"{self.num_unroll_steps}-step windows a phase collects; accepted: in [1, {self.num_windows}]")
         if self.num_updates < 1:
-            raise ValueError(f"total_timesteps={self.total_timesteps} is less than one rollout ({self.batch_steps} steps)")
+            raise ValueError(
+                f"total_timesteps={self.total_timesteps} is less than one rollout (num_envs * num_steps = "
+                f"{self.batch_steps} steps); accepted: total_timesteps >= {self.batch_steps}"
+            )
 
     @property
     def batch_steps(self) -> int:
@@ -399,21 +397,21 @@ def forward_window(model: WorldModel, window: Window, key: jax.Array | None = No
             model.reward_head(at_action))
 
 
-def last_hidden(model: WorldModel, node: "SearchNode") -> jax.Array:
+def last_hidden(model: WorldModel, node: SearchNode) -> jax.Array:
     """Hidden state [B, D] of the last token of a token window (causal, valid tokens only)."""
     width = node.tokens.shape[1]
     mask = (jnp.tril(jnp.ones((width, width), bool))[None] & node.valid[:, None, :]) | jnp.eye(width, dtype=bool)[None]
     return model.transformer(node.tokens, node.positions, mask)[:, -1]
 
 
-def push_token(node: "SearchNode", token: jax.Array, position: jax.Array) -> "SearchNode":
+def push_token(node: SearchNode, token: jax.Array, position: jax.Array) -> SearchNode:
     """Append a token [B, D] at `position` [B], dropping the oldest (a FIFO of fixed width)."""
     return SearchNode(jnp.concatenate([node.tokens[:, 1:], token[:, None]], 1),
                       jnp.concatenate([node.positions[:, 1:], position[:, None]], 1),
                       jnp.concatenate([node.valid[:, 1:], jnp.ones_like(node.valid[:, :1])], 1))
 
 
-def imagine_step(model: WorldModel, node: "SearchNode", action: jax.Array):
+def imagine_step(model: WorldModel, node: SearchNode, action: jax.Array):
     """One step inside the model: append the action token, whose hidden state
     predicts the reward and the next latent; append that latent, whose hidden
     state gives the policy and the value. Returns
@@ -520,6 +518,21 @@ def cross_entropy(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
     return -jnp.sum(target_probs * jax.nn.log_softmax(logits, axis=-1), axis=-1)
 
 
+def env_options(env_id: str, max_episode_steps: int = 0) -> dict:
+    """Keyword arguments of `envs.make` for `env_id`. Only [H, W, C]
+    observations (MinAtar, Pong) reach the encoder's convolution as images;
+    every other shape (Catch's [10, 5] board, DeepSea's [8, 8], SimpleBandit's
+    [1, 1], FrozenLake's scalar state) is flattened to one float32 vector, the
+    encoder's MLP input. `max_episode_steps` (0: the env's own) replaces the
+    time limit."""
+    env, env_params = envs.make(env_id)
+    shape = envs.spec(env, env_params).obs_shape
+    options: dict = {"flatten_obs": not (len(shape) == 3 and min(shape[:2]) >= 3)}
+    if max_episode_steps:
+        options["max_episode_steps"] = max_episode_steps
+    return options
+
+
 # --------------------------------------------------------------------------- #
 # Training
 # --------------------------------------------------------------------------- #
@@ -563,12 +576,12 @@ def minibatch_indices(args: Args, key: jax.Array) -> jax.Array:
 
 
 def make_train(args: Args) -> UniZeroPPO:
-    max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
-    spec = envs.spec(*envs.make(args.env_id, **max_steps))
+    env_kwargs = env_options(args.env_id, args.max_episode_steps)
+    spec = envs.spec(*envs.make(args.env_id, **env_kwargs))
     if not spec.discrete:
         raise ValueError(f"{args.env_id} has a continuous action space; UniZero-PPO here needs discrete actions")
-    env, env_params = envs.make(args.env_id, args.num_envs, **max_steps)
-    eval_env, _ = envs.make(args.env_id, args.eval_episodes, **max_steps)
+    env, env_params = envs.make(args.env_id, args.num_envs, **env_kwargs)
+    eval_env, _ = envs.make(args.env_id, args.eval_episodes, **env_kwargs)
     K, N, T = args.num_unroll_steps, args.num_envs, args.num_steps
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(0))))
 
@@ -580,10 +593,9 @@ def make_train(args: Args) -> UniZeroPPO:
     # --anneal-lr: linear decay to 0 over the run's optimizer steps, as CleanRL's and PureJaxRL's PPO.
     total_steps = args.num_updates * args.gradient_steps
     learning_rate = optax.linear_schedule(args.learning_rate, 0.0, total_steps) if args.anneal_lr else args.learning_rate
-    optimizer = optax.chain(
-        optax.clip_by_global_norm(args.max_grad_norm),
-        optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask),
-    )
+    optimizer = optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask)
+    if args.max_grad_norm > 0:  # 0 turns clipping off
+        optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
 
     def empty_context(n):
         return Context(obs=jnp.zeros((n, K) + spec.obs_shape), action=jnp.zeros((n, K), jnp.int32),

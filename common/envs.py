@@ -282,7 +282,10 @@ def make(
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     env, env_params = gymnax.make(env_id, **env_kwargs)
     if max_episode_steps is not None:
-        env_params = env_params.replace(max_steps_in_episode=max_episode_steps)
+        # Of the env's own type: BernoulliBandit's limit is a float, and its
+        # observation space selects between the limit and other floats.
+        own_type = type(env_params.max_steps_in_episode)
+        env_params = env_params.replace(max_steps_in_episode=own_type(max_episode_steps))
     if isinstance(env.action_space(env_params), spaces.Box):
         env = ClipAction(env)
     env = EpisodeStatistics(env)

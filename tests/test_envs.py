@@ -125,3 +125,13 @@ def test_spec_reports_action_spaces():
     assert not pendulum.discrete and pendulum.num_actions == 1 and pendulum.action_high[0] == 2.0
     breakout = envs.spec(*envs.make("Breakout-MinAtar"))
     assert breakout.obs_shape == (10, 10, 4)
+
+
+def test_a_time_limit_keeps_the_type_of_the_envs_own():
+    """BernoulliBandit's limit is a float that its observation space selects
+    against other floats: an int limit crashed it in a traced step."""
+    env, params = envs.make("BernoulliBandit-misc", 2, max_episode_steps=12)
+    assert isinstance(params.max_steps_in_episode, float) and params.max_steps_in_episode == 12
+    obs, state = env.reset(jax.random.key(0), params)
+    jax.jit(env.step)(jax.random.key(1), state, jnp.zeros(2, jnp.int32), params)
+    assert isinstance(envs.make("CartPole-v1", max_episode_steps=200)[1].max_steps_in_episode, int)

@@ -6,10 +6,10 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-
-from jaxzoo.algos import unizero as uz
-from jaxzoo import cli, logger, runner
 from conftest import assert_killed_run_resumes_exactly, run_copied_script
+
+from jaxzoo import cli, logger, runner
+from jaxzoo.algos import unizero as uz
 
 LOSSES = ("loss", "latent_loss", "reward_loss", "policy_loss", "value_loss", "grad_norm")
 
@@ -80,8 +80,27 @@ def test_cli_tiny_run(tmp_path):
 def test_bad_input(tmp_path):
     with pytest.raises(ValueError, match="Pendulum-v1 has a continuous action space"):
         uz.make_train(tiny(tmp_path, env_id="Pendulum-v1"))
-    with pytest.raises(ValueError, match="context_steps=6 must be <= num_unroll_steps=5"):
+    with pytest.raises(ValueError, match="context_steps=6 exceeds num_unroll_steps=5 .*; accepted: context_steps <= 5"):
         uz.Args(context_steps=6)
+    with pytest.raises(ValueError, match="support_size=20 is even; accepted: an odd number >= 3"):
+        uz.Args(support_size=20)
+    with pytest.raises(ValueError, match="target_update_rate=0.0 is out of range; accepted: in \\(0, 1\\]"):
+        uz.Args(target_update_rate=0.0)
+
+
+def test_max_grad_norm_zero_turns_clipping_off():
+    """--max-grad-norm 0 means no clipping (docs/glossary.md), not a clip to
+    norm 0 that zeroes every update: the first update's gradient steps move the
+    parameters by Adam's step size (weight decay off, so only gradients move them)."""
+    args = cli.preset_args(uz.Args, "unizero", "tiny")
+    args = dataclasses.replace(args, max_grad_norm=0.0, weight_decay=0.0)
+    algo = uz.make_train(args)
+    state = algo.init(jax.random.key(0))
+    after, metrics = jax.jit(algo.update, compiler_options=runner.RUN_ONCE)(state)
+    assert int(after.gradient_steps) == args.gradient_steps > 0 and float(metrics["grad_norm"]) > 0
+    moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(after.params)))
+    assert args.learning_rate / 2 < moved <= args.gradient_steps * args.learning_rate * 1.01
 
 
 @pytest.mark.parametrize("preset", ["cartpole", "cartpole-v0", "cartpole-v0-puct", "breakout-minatar"])

@@ -60,3 +60,15 @@ def test_imagine_step_is_the_same_function(both_models):
     ppo_out = run(unizero_ppo.imagine_step, ppo_model, unizero_ppo.SearchNode(tokens, positions, valid), action)
     for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ppo_out), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Catch-bsuite", "SimpleBandit-bsuite", "FrozenLake-misc",
+                                    "BernoulliBandit-misc", "Breakout-MinAtar", "Pong-misc"])
+def test_env_options_is_the_same_function(env_id):
+    """Both files see an env's observations alike: only [H, W, C] images stay
+    unflattened."""
+    for max_episode_steps in (0, 12):
+        options = unizero.env_options(env_id, max_episode_steps)
+        assert options == unizero_ppo.env_options(env_id, max_episode_steps)
+        assert options["flatten_obs"] == (env_id not in ("Breakout-MinAtar", "Pong-misc"))
+        assert ("max_episode_steps" in options) == bool(max_episode_steps)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxzoo.algos import unizero as uz
 from jaxzoo import cli
+from jaxzoo.algos import unizero as uz
 
 
 def tiny(**overrides) -> uz.Args:

@@ -7,11 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_killed_run_resumes_exactly, run_copied_script
 from flax import nnx
 
-from jaxzoo.algos import unizero_ppo as uz
 from jaxzoo import cli
-from conftest import assert_killed_run_resumes_exactly, run_copied_script
+from jaxzoo.algos import unizero_ppo as uz
 
 
 def tiny(tmp_path=None, **overrides) -> uz.Args:
@@ -93,7 +93,7 @@ def test_epochs_visit_every_window_once_per_epoch():
     assert len({tuple(e) for e in indices.reshape(4, 78).tolist()}) == 4  # each epoch reshuffles
     seed_schedule = np.asarray(uz.minibatch_indices(cli.preset_args(uz.Args, "unizero_ppo", "seed"), jax.random.key(0)))
     assert seed_schedule.shape == (100, 256) and len(set(seed_schedule[0].tolist())) < 80  # with replacement
-    with pytest.raises(ValueError, match="num_minibatches=81 must be in \\[1, 80\\]"):
+    with pytest.raises(ValueError, match="num_minibatches=81 exceeds the 80 5-step windows .*; accepted: in \\[1, 80\\]"):
         uz.Args(update_epochs=1, num_minibatches=81)
 
 
@@ -219,7 +219,7 @@ def test_bug5_windows_carry_the_rollout_advantages_in_order(fresh_phase):
     Windows are aligned chunks of the rollout and keep each step's advantage,
     action and observation together, across episodes longer than a window."""
     args, algo, state, traj, adv, batch = fresh_phase
-    K, N, T = args.num_unroll_steps, args.num_envs, args.num_steps
+    N, T = args.num_envs, args.num_steps
     back = lambda x: jnp.swapaxes(x.reshape((N, T) + x.shape[2:]), 0, 1)
     np.testing.assert_array_equal(back(batch.advantage), adv)
     np.testing.assert_array_equal(back(batch.window.action), traj.action)
@@ -282,10 +282,29 @@ def test_search_evaluation_runs_with_mctx(tmp_path):
 
 
 def test_bad_input(tmp_path):
-    with pytest.raises(ValueError, match="num_steps=12 must be a multiple of num_unroll_steps=5"):
+    with pytest.raises(ValueError, match="num_steps=12 is not a multiple of num_unroll_steps=5 .*; accepted: a multiple of 5"):
         uz.Args(num_steps=12)
+    with pytest.raises(ValueError, match="update_epochs=-1 is out of range; accepted: >= 0"):
+        uz.Args(update_epochs=-1)
+    with pytest.raises(ValueError, match="target_kl=nan is not a finite number"):
+        uz.Args(target_kl=float("nan"))
     with pytest.raises(ValueError, match="continuous action space"):
         uz.make_train(tiny(tmp_path, env_id="Pendulum-v1"))
+
+
+def test_max_grad_norm_zero_turns_clipping_off():
+    """--max-grad-norm 0 means no clipping (docs/glossary.md), not a clip to
+    norm 0 that zeroes every update: one phase's gradient steps move the
+    parameters by Adam's step size (weight decay off, so only gradients move them)."""
+    args = tiny(max_grad_norm=0.0, weight_decay=0.0)
+    algo = uz.make_train(args)
+    state = algo.init(jax.random.key(0))
+    after, metrics = jax.jit(algo.update)(state)
+    steps = int(metrics["gradient_steps_run"])
+    assert steps >= 1 and float(metrics["loss"]) > 0
+    moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(after.params)))
+    assert args.learning_rate / 2 < moved <= steps * args.learning_rate * 1.01
 
 
 def test_cli_tiny_run(tmp_path):
