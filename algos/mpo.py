@@ -113,10 +113,10 @@ class Args:
     """Adam epsilon of every optimizer"""
     max_grad_norm: Annotated[float, NonNegative] = 1.0
     """global-norm clip of each optimizer's gradient: critic, duals, policy separately (0: none)"""
-    target_update_period: Annotated[int, AtLeastOne] = 100
-    """learner steps between hard copies of the online networks into the targets (tau = 0)"""
-    tau: Annotated[float, Fraction] = 0.0
-    """Polyak rate of target updates after every learner step (0: hard copies every target_update_period)"""
+    target_copy_period: Annotated[int, AtLeastOne] = 100
+    """gradient steps between hard copies of the online networks into the targets (when target_update_rate is 0)"""
+    target_update_rate: Annotated[float, Fraction] = 0.0
+    """EMA rate of the targets, applied after every gradient step (0: hard copies every target_copy_period instead)"""
     num_samples: Annotated[int, AtLeastOne] = 20
     """actions sampled per state from the target policy (E-step and critic targets)"""
     epsilon: Annotated[float, Positive] = 0.1
@@ -136,7 +136,7 @@ class Args:
     critic_target: Literal["td", "retrace"] = "td"
     """n-step TD with the expected target-policy value, or Retrace over windows of n_step steps"""
     n_step: Annotated[int, AtLeastOne] = 1
-    """window length: n-step returns (td) or the Retrace sequence length"""
+    """window length in env steps: n-step returns (td) or the Retrace sequence length"""
     retrace_lambda: Annotated[float, Fraction] = 0.95
     """Retrace trace parameter: c_t = lambda min(1, pi_target / behaviour)"""
     action_penalization: bool = False
@@ -262,7 +262,7 @@ class Transition(NamedTuple):
     reward: jax.Array  # []
     terminated: jax.Array  # [] bool
     truncated: jax.Array  # [] bool
-    next_obs: jax.Array  # [O] info["final_observation"]
+    final_obs: jax.Array  # [O] info["final_observation"]: what the step reached, before any reset
 
 
 @struct.dataclass
@@ -285,7 +285,7 @@ class Learner:
     policy_opt: optax.OptState
     critic_opt: optax.OptState
     dual_opt: optax.OptState
-    steps: jax.Array  # [] learner steps taken
+    gradient_steps: jax.Array  # [] learner (gradient) steps taken
     skipped: jax.Array  # [] learner steps skipped because something was not finite (skip_nonfinite; else 0)
 
 
@@ -502,7 +502,7 @@ def make_train(args: Args) -> MPO:
         learner = Learner(
             policy=policy_params, critic=critic_params, target_policy=policy_params, target_critic=critic_params,
             duals=duals, policy_opt=policy_tx.init(policy_params), critic_opt=critic_tx.init(critic_params),
-            dual_opt=dual_tx.init(duals), steps=jnp.int32(0), skipped=jnp.int32(0),
+            dual_opt=dual_tx.init(duals), gradient_steps=jnp.int32(0), skipped=jnp.int32(0),
         )
         obs, env_state = env.reset(env_key, env_params)
         example = Transition(obs[0], jnp.zeros(action_dim), jnp.float32(0), jnp.float32(0), jnp.bool_(False),
@@ -514,13 +514,13 @@ def make_train(args: Args) -> MPO:
         """Targets for Q(s_0, a_0) from windows [B, n] (target networks, no gradient)."""
         if args.critic_target == "td":
             returns, discount, last = n_step_targets(w.reward, w.terminated, w.truncated, args.gamma)
-            bootstrap_obs = jnp.take_along_axis(w.next_obs, last[:, None, None], axis=1)[:, 0]
+            bootstrap_obs = jnp.take_along_axis(w.final_obs, last[:, None, None], axis=1)[:, 0]
             return returns + discount * expected_q(learner.target_policy, learner.target_critic, bootstrap_obs, key)
         # Retrace: Q and V along the window, importance ratios of the target policy.
         batch, steps = w.reward.shape
         flat = lambda x: x.reshape((batch * steps,) + x.shape[2:])
         q = critic(learner.target_critic, w.obs, w.action)  # [B, n]
-        v_next = expected_q(learner.target_policy, learner.target_critic, flat(w.next_obs), key).reshape(batch, steps)
+        v_next = expected_q(learner.target_policy, learner.target_critic, flat(w.final_obs), key).reshape(batch, steps)
         mean, log_std = policy(learner.target_policy, w.obs)
         log_rho = gaussian_log_prob(w.action, mean, log_std) - w.log_prob
         return jax.vmap(retrace_target, in_axes=(0, 0, 0, 0, 0, 0, None, None))(
@@ -533,8 +533,8 @@ def make_train(args: Args) -> MPO:
         `skip_nonfinite`, skipped (state unchanged, counted) when anything
         computed is not finite."""
         target_key, e_key = jax.random.split(key)
-        if args.tau == 0.0:
-            sync = learner.steps % args.target_update_period == 0
+        if args.target_update_rate == 0.0:
+            sync = learner.gradient_steps % args.target_copy_period == 0
             learner = learner.replace(
                 target_policy=jax.tree.map(lambda t, p: jnp.where(sync, p, t), learner.target_policy, learner.policy),
                 target_critic=jax.tree.map(lambda t, p: jnp.where(sync, p, t), learner.target_critic, learner.critic),
@@ -590,10 +590,10 @@ def make_train(args: Args) -> MPO:
 
         new = learner.replace(
             policy=policy_params, critic=critic_params, duals=duals, policy_opt=policy_opt, critic_opt=critic_opt,
-            dual_opt=dual_opt, steps=learner.steps + 1,
+            dual_opt=dual_opt, gradient_steps=learner.gradient_steps + 1,
         )
-        if args.tau > 0.0:
-            polyak = lambda t, p: (1.0 - args.tau) * t + args.tau * p
+        if args.target_update_rate > 0.0:
+            polyak = lambda t, p: (1.0 - args.target_update_rate) * t + args.target_update_rate * p
             new = new.replace(target_policy=jax.tree.map(polyak, new.target_policy, new.policy),
                               target_critic=jax.tree.map(polyak, new.target_critic, new.critic))
         if args.skip_nonfinite:
@@ -660,7 +660,7 @@ def make_train(args: Args) -> MPO:
         return state, {
             **envs.episode_metrics(episode_info),
             **jax.tree.map(jnp.nanmean, metrics),
-            "learner_steps": state.learner.steps.astype(jnp.float32),
+            "learner_steps": state.learner.gradient_steps.astype(jnp.float32),
             **skipped,
         }
 

@@ -74,11 +74,11 @@ class Args:
 
     # algorithm-specific
     max_episode_steps: Annotated[int, NonNegative] = 0
-    """time limit of an episode; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0)"""
+    """time limit of an episode in env steps; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0)"""
     num_envs: Annotated[int, AtLeastOne] = 4
     """parallel environments per seed"""
     num_steps: Annotated[int, AtLeastOne] = 128
-    """steps per environment per rollout"""
+    """env steps per environment per rollout"""
     learning_rate: Annotated[float, Positive] = 2.5e-4
     """Adam learning rate"""
     anneal_lr: bool = True
@@ -107,8 +107,8 @@ class Args:
     """value loss coefficient"""
     max_grad_norm: Annotated[float, NonNegative] = 0.5
     """global gradient-norm clip (0 turns clipping off, as RLlib's default grad_clip=None)"""
-    target_kl: Annotated[float | None, Positive] = None
-    """stop the epochs of an update once an epoch's mean approx-KL exceeds this (None: never)"""
+    target_kl: Annotated[float, NonNegative] = 0.0
+    """stop the epochs of an update once an epoch's mean approx-KL exceeds this (0: never)"""
     kl_coef: Annotated[float, NonNegative] = 0.0
     """initial adaptive KL-penalty coefficient as in RLlib (0: no penalty)"""
     kl_target: Annotated[float, Positive] = 0.01
@@ -322,8 +322,8 @@ class Transition(NamedTuple):
     log_prob: jax.Array  # [N] log-prob of `action` under the collecting policy
     reward: jax.Array  # [N]
     terminated: jax.Array  # [N] bool: the episode really ended, V(next) = 0
-    truncated: jax.Array  # [N] bool: time limit; bootstrap from next_obs
-    next_obs: jax.Array  # [N, *obs_shape] info["final_observation"]: the true next state
+    truncated: jax.Array  # [N] bool: time limit; bootstrap from final_obs
+    final_obs: jax.Array  # [N, *obs_shape] info["final_observation"]: the true next state, before any reset
     episode_done: jax.Array  # [N] bool, from jaxzoo.envs.EpisodeStatistics
     episode_return: jax.Array  # [N]
     episode_length: jax.Array  # [N]
@@ -560,7 +560,7 @@ def make_train(args: Args) -> PPO:
         # The critic is not needed to act, so it runs once over the whole rollout:
         # V(s_t) and V(true next state) in one batched pass [2, T, N] instead of
         # 2 x num_steps small passes inside the sequential loop.
-        values, next_values = value_fn(state.params, jnp.stack([traj.obs, traj.next_obs]))
+        values, next_values = value_fn(state.params, jnp.stack([traj.obs, traj.final_obs]))
         advantages, returns = compute_gae(
             traj.reward, values, next_values, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda
         )
@@ -582,7 +582,7 @@ def make_train(args: Args) -> PPO:
             (new_params, new_opt_state, _, _), stats = jax.lax.scan(
                 minibatch_step, (params, opt_state, hp, state.kl_coef), minibatches
             )
-            if args.target_kl is None:
+            if args.target_kl == 0:
                 return (new_params, new_opt_state, key, stopped), (stats, jnp.bool_(True))
             # Target-KL early stop: once an epoch's mean KL passes target_kl, later epochs change nothing.
             params, opt_state = jax.tree.map(

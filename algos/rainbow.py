@@ -130,7 +130,7 @@ class Args:
     v_max: float = 100.0
     """highest atom of the support"""
     n_step: Annotated[int, AtLeastOne] = 1
-    """n-step returns (cut at episode ends)"""
+    """length of the n-step returns in env steps (cut at episode ends)"""
     prioritized: bool = False
     """proportional prioritized replay"""
     per_alpha: Annotated[float, NonNegative] = 0.6
@@ -321,8 +321,8 @@ class Transition(NamedTuple):
     action: jax.Array  # [] int32
     reward: jax.Array  # []
     terminated: jax.Array  # [] bool: V(next) = 0
-    truncated: jax.Array  # [] bool: time limit, bootstrap from next_obs
-    next_obs: jax.Array  # [*obs_shape] info["final_observation"]: the true next state
+    truncated: jax.Array  # [] bool: time limit, bootstrap from final_obs
+    final_obs: jax.Array  # [*obs_shape] info["final_observation"]: the true next state, before any reset
 
 
 @struct.dataclass
@@ -368,7 +368,7 @@ def n_step_targets(
     truncated); without one, k* = n - 1. Returns
       returns [B]: sum_{k <= k*} gamma^k r_{t+k},
       discount [B]: gamma^(k* + 1), or 0 if step k* terminated,
-      last [B]: k*, whose stored next_obs (the final observation when the
+      last [B]: k*, whose stored final_obs (the final observation when the
         episode ended there) is the bootstrap state.
     """
     chex.assert_equal_shape([rewards, terminated, truncated])
@@ -514,7 +514,7 @@ def make_train(args: Args) -> Rainbow:
         """Mean importance-weighted TD loss of a batch of n-step windows [B, n]."""
         w = sample.windows
         returns, discount, last = n_step_targets(w.reward, w.terminated, w.truncated, args.gamma)
-        bootstrap_obs = jnp.take_along_axis(w.next_obs, last.reshape((-1,) + (1,) * (w.next_obs.ndim - 1)), axis=1)[:, 0]
+        bootstrap_obs = jnp.take_along_axis(w.final_obs, last.reshape((-1,) + (1,) * (w.final_obs.ndim - 1)), axis=1)[:, 0]
         obs, action = w.obs[:, 0], w.action[:, 0]
         online_key, next_key, target_key = jax.random.split(key, 3) if args.noisy else (None, None, None)
 

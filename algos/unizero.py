@@ -115,8 +115,8 @@ class Args:
     """PUCT: Dirichlet noise concentration at the root during collection"""
     dirichlet_fraction: Annotated[float, Fraction] = 0.25
     """PUCT: weight of the Dirichlet noise in the root prior during collection"""
-    temperature: Annotated[float, Positive] = 0.25
-    """PUCT: collection samples actions from visit counts ^ (1 / temperature)"""
+    visit_temperature: Annotated[float, Positive] = 0.25
+    """PUCT: collection samples actions from visit counts ^ (1 / visit_temperature)"""
     latent_coef: Annotated[float, NonNegative] = 10.0
     """weight of the latent-consistency MSE"""
     reward_coef: Annotated[float, NonNegative] = 1.0
@@ -442,7 +442,7 @@ class Transition(NamedTuple):
     reward: jax.Array  # [N]
     terminated: jax.Array  # [N] bool
     truncated: jax.Array  # [N] bool
-    next_obs: jax.Array  # [N, *obs_shape] info["final_observation"]: the next obs, or an ended episode's last one
+    final_obs: jax.Array  # [N, *obs_shape] info["final_observation"]: the next obs, or an ended episode's last one
     timestep: jax.Array  # [N] int32 env timestep of obs (0 at an episode start)
     search_policy: jax.Array  # [N, A] the search's action weights: the policy target
     root_value: jax.Array  # [N] the search's value of the root
@@ -605,7 +605,7 @@ def make_train(args: Args) -> UniZero:
         params = nnx.split(WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(model_key)))[1]
         obs, env_state = env.reset(env_key, env_params)
         example = Transition(obs=obs[0], action=jnp.int32(0), reward=jnp.float32(0), terminated=jnp.bool_(False),
-                             truncated=jnp.bool_(False), next_obs=obs[0], timestep=jnp.int32(0),
+                             truncated=jnp.bool_(False), final_obs=obs[0], timestep=jnp.int32(0),
                              search_policy=jnp.zeros(spec.num_actions), root_value=jnp.float32(0))
         return RunnerState(
             params=params, target_params=params, opt_state=optimizer.init(params),
@@ -633,7 +633,7 @@ def make_train(args: Args) -> UniZero:
 
     def search(params, history: History, key: jax.Array, explore: bool) -> mctx.PolicyOutput:
         """`explore` (collection): Gumbel noise, or Dirichlet noise and visit
-        counts at `temperature`; otherwise (evaluation) greedy and noise-free."""
+        counts at `visit_temperature`; otherwise (evaluation) greedy and noise-free."""
         root = root_fn(params, history)
         if args.search_policy == "gumbel":
             return mctx.gumbel_muzero_policy(params, key, root, recurrent_fn, args.num_simulations,
@@ -641,7 +641,7 @@ def make_train(args: Args) -> UniZero:
                                              gumbel_scale=1.0 if explore else 0.0)
         return mctx.muzero_policy(params, key, root, recurrent_fn, args.num_simulations,
                                   dirichlet_fraction=args.dirichlet_fraction if explore else 0.0,
-                                  dirichlet_alpha=args.dirichlet_alpha, temperature=args.temperature if explore else 0.0)
+                                  dirichlet_alpha=args.dirichlet_alpha, temperature=args.visit_temperature if explore else 0.0)
 
     # ---- Collection ----------------------------------------------------------------------
     def collect_step(state: RunnerState, _):
@@ -653,7 +653,7 @@ def make_train(args: Args) -> UniZero:
         done = terminated | truncated
         transition = Transition(
             obs=state.obs, action=out.action, reward=reward.astype(jnp.float32), terminated=terminated,
-            truncated=truncated, next_obs=info["final_observation"], timestep=state.timestep,
+            truncated=truncated, final_obs=info["final_observation"], timestep=state.timestep,
             search_policy=out.action_weights, root_value=out.search_tree.summary().value,
         )
         state = state.replace(
@@ -684,7 +684,7 @@ def make_train(args: Args) -> UniZero:
             world, window_at(0), key if args.dropout > 0 else None)
 
         # Targets from the EMA model, no dropout, no gradient.
-        latent_targets = target.encoder(rows(windows.next_obs, 0))
+        latent_targets = target.encoder(rows(windows.final_obs, 0))
         # V(o_{t+n}) as LightZero reads it: a fresh window starting n rows later.
         window_values = logits_to_scalar(forward_window(target, window_at(n))[1])
         # V(final observation) of the row where each n-step sum stops, for sums
@@ -693,7 +693,7 @@ def make_train(args: Args) -> UniZero:
         # "Where the time goes").
         stop = stop_rows(windows.terminated, windows.truncated, K, n)  # [B, K]
         at_stop = lambda x: jnp.take_along_axis(x, stop.reshape(stop.shape + (1,) * (x.ndim - 2)), 1)
-        final_values = lone_values(target, at_stop(windows.next_obs), at_stop(windows.timestep) + 1)
+        final_values = lone_values(target, at_stop(windows.final_obs), at_stop(windows.timestep) + 1)
         value_targets = n_step_value_targets(windows.reward, windows.terminated, windows.truncated, window_values,
                                              final_values, args.gamma, n)
         latent_targets, value_targets = jax.lax.stop_gradient((latent_targets, value_targets))

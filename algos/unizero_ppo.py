@@ -105,8 +105,8 @@ class Args:
     """env steps per env per collection phase (a multiple of num_unroll_steps)"""
     num_unroll_steps: Annotated[int, AtLeastOne] = 5
     """chunk length in env steps: the context of the policy and the length of a training window"""
-    temperature: Annotated[float, Positive] = 0.25
-    """collection samples from softmax(logits / temperature); the stored log-prob is of that distribution"""
+    sampling_temperature: Annotated[float, Positive] = 0.25
+    """collection samples from softmax(logits / sampling_temperature); the stored log-prob is of that distribution"""
     update_epochs: Annotated[int, NonNegative] = 4
     """epochs over the phase's windows, each shuffled into num_minibatches minibatches (the standard PPO
     schedule; LightZero PR 498 uses 4); 0: the seed's schedule, replay_ratio draws of batch_size windows"""
@@ -126,7 +126,7 @@ class Args:
     """GAE lambda"""
     clip_coef: Annotated[float, Positive] = 0.2
     """PPO clipping epsilon"""
-    norm_adv: bool = True
+    norm_adv_rollout: bool = True
     """normalise advantages over the phase's whole rollout (off: the seed)"""
     target_kl: Annotated[float, NonNegative] = 0.03
     """stop a training phase once a batch's approximate KL exceeds this (0: never, the seed; PR 498: 0.03)"""
@@ -635,7 +635,7 @@ def make_train(args: Args) -> UniZeroPPO:
         key, action_key, step_key = jax.random.split(state.key, 3)
         context = place(state.context, slot, state.obs, state.timestep)
         logits, value = policy_at(params, context, slot)
-        log_probs = tempered_log_probs(logits, args.temperature)
+        log_probs = tempered_log_probs(logits, args.sampling_temperature)
         action = jax.random.categorical(action_key, log_probs)
         next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, state.env_state, action, env_params)
         context = context.replace(action=jnp.where((jnp.arange(K) == slot)[None], action[:, None], context.action))
@@ -686,7 +686,7 @@ def make_train(args: Args) -> UniZeroPPO:
         latent_loss = jnp.mean(jnp.square(next_latents - target_latents))
         reward_loss = jnp.mean(cross_entropy(reward_logits, scalar_to_probs(batch.reward, args.support_size)))
         value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(batch.target_return, args.support_size)))
-        log_probs = tempered_log_probs(logits, args.temperature)
+        log_probs = tempered_log_probs(logits, args.sampling_temperature)
         new_log_prob = jnp.take_along_axis(log_probs, batch.window.action[..., None], -1)[..., 0]
         surrogate, ratio = ppo_surrogate(new_log_prob, batch.log_prob, batch.advantage, args.clip_coef)
         policy_loss = surrogate.mean()
@@ -710,8 +710,8 @@ def make_train(args: Args) -> UniZeroPPO:
         advantages, returns = compute_gae(traj.reward, traj.value, traj.next_value, traj.terminated, traj.truncated,
                                           args.gamma, args.gae_lambda)
         # return = advantage + value is fixed before any normalisation; the surrogate then sees
-        # advantages normalised over the whole rollout (not per minibatch) when --norm-adv is on.
-        policy_advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8) if args.norm_adv else advantages
+        # advantages normalised over the whole rollout (not per minibatch) when --norm-adv-rollout is on.
+        policy_advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8) if args.norm_adv_rollout else advantages
         batch = make_windows(traj, policy_advantages, returns)
         key, update_key, index_key = jax.random.split(state.key, 3)
         indices = minibatch_indices(args, index_key)

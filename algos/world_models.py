@@ -66,7 +66,7 @@ class Args:
     env_id: str = "CartPole-v1"
     """a gymnax env with a pixel renderer in common/pixels.py, or CarRacing-v3 (gymnasium, host-side, needs box2d)"""
     total_timesteps: Annotated[int, AtLeastOne] = 30_000
-    """random-policy environment slots collected in stage 1: num_rollouts = total_timesteps // rollout_steps"""
+    """random-policy env steps (episode slots) collected in stage 1: num_rollouts = total_timesteps // rollout_steps"""
     log_every: Annotated[int, AtLeastOne] = 1
     """updates per jitted chunk of every stage (V and M: `*_batches` gradient steps; C: one generation)"""
     track: bool = False
@@ -92,7 +92,7 @@ class Args:
     source_run: str | None = None
     """run directory holding the finished stages this command does not run (their last checkpoints)"""
     image_size: int = 64
-    """side of the square frames: 64 (the paper's 4 convolutions), 32 or 16"""
+    """side of the square frames in pixels: 64 (the paper's 4 convolutions), 32 or 16"""
     grayscale: bool = False
     """one-channel frames instead of RGB"""
     rollout_steps: Annotated[int, AtLeastOne] = 100
@@ -141,7 +141,7 @@ class Args:
     """CMA-ES generations"""
     cma_sigma: Annotated[float, Positive] = 0.5
     """initial CMA-ES step size (search starts at zero weights)"""
-    temperature: Annotated[float, Positive] = 1.15
+    dream_temperature: Annotated[float, Positive] = 1.15
     """tau of M's sampling in the dream: mixture logits / tau, stds * sqrt(tau) (the paper: 1.15)"""
     controller_max_steps: Annotated[int, NonNegative] = 0
     """longest scored episode, real or dreamed; 0: the env's time limit"""
@@ -705,7 +705,7 @@ def make_train(args: Args) -> WorldModels:
         init = (jnp.int32(0), key, env_state, obs, zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
         return jax.lax.while_loop(cond, body, init)[-1]
 
-    def dream_step(models, theta, z, carry, key, temperature=args.temperature):
+    def dream_step(models, theta, z, carry, key, temperature=args.dream_temperature):
         """One step inside M: (z [B, Z], carry) -> (z', carry, reward [B], done [B])."""
         action = env_action(controller_action(theta, z, carry[1], action_size))
         carry, out = models.mdn.step(carry, z, model_action(action))
@@ -732,7 +732,7 @@ def make_train(args: Args) -> WorldModels:
         init = (jnp.int32(0), key, z, zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
         return jax.lax.while_loop(cond, body, init)[-1]
 
-    def dream(params, theta, z0, key, steps: int, temperature: float = args.temperature):
+    def dream(params, theta, z0, key, steps: int, temperature: float = args.dream_temperature):
         """One dream of `steps` steps from z0 [Z] (for pictures): (z [steps + 1, Z], done [steps])."""
         models = merge(params)
 

@@ -47,7 +47,7 @@ if [[ $what == ablations || $what == all ]]; then  # the cartpole-v0 preset with
   }
   ablate joint-loss --no-ppo-heads-only
   ablate gamma-0.99 --gamma 0.99
-  ablate no-norm-adv --no-norm-adv
+  ablate no-norm-adv --no-norm-adv-rollout
   ablate no-target-kl --target-kl 0
   ablate lr-1e-4 --learning-rate 1e-4
   ablate pr498-minibatch --num-minibatches 3  # 26 windows = 130 transitions, about PR 498's 128

@@ -35,7 +35,7 @@ if [[ $what == dream-sweep || $what == all ]]; then
   for tau in 0.5 1.0 1.15 1.5; do
     rm -rf "$OUT/dream-tau-$tau"
     $PY algos/world_models.py --preset pixel-cartpole-dream --stages controller --source-run "$real_run" \
-      --temperature "$tau" --exp-name "wm-dream-tau-$tau" --run-root "$OUT/dream-tau-$tau"
+      --dream-temperature "$tau" --exp-name "wm-dream-tau-$tau" --run-root "$OUT/dream-tau-$tau"
   done
 fi
 if [[ $what == seeds || $what == all ]]; then

@@ -66,7 +66,7 @@ def dreams(world_models, args, outputs, theta, path, steps=24, every=2):
     first = data.frames[3, 0]
     z0, _ = world_models.encode(params, first[None])
     rows = {}
-    for label, controller, tau in (("C, tau 0.5", theta, 0.5), (f"C, tau {args.temperature}", theta, args.temperature),
+    for label, controller, tau in (("C, tau 0.5", theta, 0.5), (f"C, tau {args.dream_temperature}", theta, args.dream_temperature),
                                    ("C = 0, tau 1.0", jnp.zeros_like(theta), 1.0)):
         dream = world_models.dream(params, controller, z0[0], jax.random.key(1), steps, tau)
         rows[label] = (world_models.merge(params).vae.decode(dream[0]), np.asarray(dream[1]))
@@ -172,7 +172,8 @@ def main(out: Path):
     dreams(world_models, args, outputs, theta, IMG / "world_models_dreams.png")
     runs = {"C evolved in the real env (fitness: real returns)": real_dir}
     if dream_dir is not None:
-        tau = json.loads((dream_dir / "args.json").read_text())["temperature"]
+        saved = json.loads((dream_dir / "args.json").read_text())
+        tau = saved.get("dream_temperature", saved.get("temperature"))  # runs before the rename: "temperature"
         runs[f"C evolved in M's dream, tau {tau} (fitness: dreamed returns)"] = dream_dir
     cma_curves(runs, IMG / "world_models_cmaes.png")
     losses(real_dir, IMG / "world_models_losses.png")

@@ -56,14 +56,14 @@ def learner_and_windows(args, reward=0.0):
     B, n, O, A = args.batch_size, args.n_step, algo.spec.obs_shape[0], algo.spec.num_actions  # noqa: E741 (shape letters)
     w = mpo.Transition(obs=jnp.ones((B, n, O)), action=jnp.zeros((B, n, A)), log_prob=jnp.zeros((B, n)),
                        reward=jnp.full((B, n), reward), terminated=jnp.zeros((B, n), bool),
-                       truncated=jnp.zeros((B, n), bool), next_obs=jnp.ones((B, n, O)))
+                       truncated=jnp.zeros((B, n), bool), final_obs=jnp.ones((B, n, O)))
     return algo, state.learner, w
 
 
 def test_non_finite_batches_are_skipped_and_counted(tmp_path):
     algo, learner, windows = learner_and_windows(tiny(tmp_path, skip_nonfinite=True), reward=float("nan"))
     new, _ = jax.jit(algo.learner_step)(learner, windows, jax.random.key(1))
-    assert int(new.skipped) == 1 and int(new.steps) == int(learner.steps)
+    assert int(new.skipped) == 1 and int(new.gradient_steps) == int(learner.gradient_steps)
     for a, b in zip(jax.tree.leaves(new.critic), jax.tree.leaves(learner.critic)):
         np.testing.assert_array_equal(a, b)
 
@@ -72,7 +72,7 @@ def test_without_skipping_a_non_finite_batch_is_applied(tmp_path):
     """The default: nothing is skipped or counted; the step is applied, so the state holds the NaN."""
     algo, learner, windows = learner_and_windows(tiny(tmp_path), reward=float("nan"))
     new, _ = jax.jit(algo.learner_step)(learner, windows, jax.random.key(1))
-    assert int(new.skipped) == 0 and int(new.steps) == int(learner.steps) + 1
+    assert int(new.skipped) == 0 and int(new.gradient_steps) == int(learner.gradient_steps) + 1
     assert not all(np.isfinite(x).all() for x in jax.tree.leaves(new.critic))
 
 
@@ -136,7 +136,7 @@ def test_discrete_action_space_is_refused(tmp_path):
 def test_bad_values_name_the_field_the_value_and_what_is_accepted(tmp_path):
     for overrides, message in [
         (dict(eval_episodes=0), r"eval_episodes=0 is out of range; accepted: >= 1"),
-        (dict(tau=1.5), r"tau=1.5 is out of range; accepted: in \[0, 1\]"),
+        (dict(target_update_rate=1.5), r"target_update_rate=1.5 is out of range; accepted: in \[0, 1\]"),
         (dict(epsilon=0.0), r"epsilon=0.0 is out of range; accepted: > 0"),
         (dict(critic_layers=(16, 0)), r"critic_layers=\(16, 0\) \(element 0\) is out of range; accepted: >= 1"),
         (dict(init_temperature=float("inf")), r"init_temperature=inf is not a finite number"),
@@ -179,7 +179,7 @@ def test_retrace_variant_runs(tmp_path):
 def test_penalty_and_polyak_variant_traces(tmp_path):
     """Action penalisation with Polyak targets: the whole run traces with the
     same shapes (jax.eval_shape, no compile; the penalty's math is in test_mpo_math)."""
-    args = tiny(tmp_path, action_penalization=True, tau=0.05)
+    args = tiny(tmp_path, action_penalization=True, target_update_rate=0.05)
     state, metrics = jax.eval_shape(mpo.make_train(args).train, jax.random.key(0))
     assert metrics["critic_loss"].shape == (args.num_updates,)
     assert jax.tree.structure(state) == jax.tree.structure(jax.eval_shape(mpo.make_train(tiny(tmp_path)).init, jax.random.key(0)))

@@ -94,14 +94,14 @@ def test_bad_values_name_the_field_the_value_and_what_is_accepted():
         (dict(eval_episodes=0), r"eval_episodes=0 is out of range; accepted: >= 1"),
         (dict(gae_lambda=1.5), r"gae_lambda=1.5 is out of range; accepted: in \[0, 1\]"),
         (dict(clip_coef=0.0), r"clip_coef=0.0 is out of range; accepted: > 0"),
-        (dict(target_kl=-0.1), r"target_kl=-0.1 is out of range; accepted: > 0"),
+        (dict(target_kl=-0.1), r"target_kl=-0.1 is out of range; accepted: >= 0"),
         (dict(hidden_sizes=(64, 0)), r"hidden_sizes=\(64, 0\) \(element 0\) is out of range; accepted: >= 1"),
         (dict(learning_rate=float("inf")), r"learning_rate=inf is not a finite number"),
         (dict(total_timesteps=100), r"total_timesteps=100 is less than one batch .*accepted: total_timesteps >= 512"),
     ]:
         with pytest.raises(ValueError, match=message):
             ppo.Args(**overrides)
-    assert ppo.Args(target_kl=None).target_kl is None  # None: no early stop
+    assert ppo.Args().target_kl == 0  # 0: no early stop (docs/glossary.md: 0, never None, is off)
 
 
 def test_max_grad_norm_zero_turns_clipping_off(tmp_path):

@@ -198,7 +198,7 @@ def test_bug3_stored_log_prob_is_of_the_tempered_distribution(fresh_phase):
     model = nnx.merge(algo.graphdef, state.params)
     logits = uz.forward_window(model, batch.window)[0]
     action = batch.window.action[..., None]
-    tempered = jnp.take_along_axis(jax.nn.log_softmax(logits / args.temperature), action, -1)[..., 0]
+    tempered = jnp.take_along_axis(jax.nn.log_softmax(logits / args.sampling_temperature), action, -1)[..., 0]
     untempered = jnp.take_along_axis(jax.nn.log_softmax(logits), action, -1)[..., 0]
     np.testing.assert_allclose(batch.log_prob, tempered, atol=1e-5)
     assert np.abs(np.asarray(batch.log_prob - untempered)).max() > 1e-2

@@ -165,8 +165,8 @@ def test_bad_input_names_the_value_and_what_is_accepted(tmp_path):
         tiny(tmp_path, image_size=48)
     with pytest.raises(ValueError, match="mdn_batch_size=99 exceeds the 16 rollouts"):
         tiny(tmp_path, mdn_batch_size=99)
-    with pytest.raises(ValueError, match="temperature=0.0 is out of range; accepted: > 0"):
-        tiny(tmp_path, temperature=0.0)
+    with pytest.raises(ValueError, match="dream_temperature=0.0 is out of range; accepted: > 0"):
+        tiny(tmp_path, dream_temperature=0.0)
     with pytest.raises(ValueError, match=r"stages \['mdn'\] start after 'collect': pass --source-run RUN_DIR"):
         wm.main(tiny(tmp_path, stages=("mdn",)))
     with pytest.raises(FileNotFoundError, match="stage 'collect' is needed but not in --stages.*no checkpoint"):
