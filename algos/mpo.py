@@ -151,8 +151,10 @@ class Args:
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
         if self.train_frequency % self.num_envs:
-            raise ValueError(f"train_frequency={self.train_frequency} must be a multiple of num_envs={self.num_envs}; "
-                             f"accepted: a multiple of {self.num_envs}")
+            raise ValueError(
+                f"train_frequency={self.train_frequency} must be a multiple of num_envs={self.num_envs}; "
+                f"accepted: a multiple of {self.num_envs}"
+            )
         if self.steps_per_update % self.train_frequency:
             raise ValueError(
                 f"steps_per_update={self.steps_per_update} must be a multiple of train_frequency={self.train_frequency}; "
@@ -164,18 +166,27 @@ class Args:
                 f"accepted: buffer_size >= num_envs * (n_step + 1) = {self.num_envs * (self.n_step + 1)}"
             )
         if not self.log_std_min < self.log_std_max:
-            raise ValueError(f"log_std_min={self.log_std_min} is not below log_std_max={self.log_std_max}; accepted: "
-                             "log_std_min < log_std_max")
+            raise ValueError(
+                f"log_std_min={self.log_std_min} is not below log_std_max={self.log_std_max}; accepted: "
+                "log_std_min < log_std_max"
+            )
         if self.num_updates < 1:
-            raise ValueError(f"total_timesteps={self.total_timesteps} is less than steps_per_update="
-                             f"{self.steps_per_update}; accepted: total_timesteps >= {self.steps_per_update}")
+            raise ValueError(
+                f"total_timesteps={self.total_timesteps} is less than steps_per_update="
+                f"{self.steps_per_update}; accepted: total_timesteps >= {self.steps_per_update}"
+            )
         run_steps = self.num_updates * self.steps_per_update  # env steps per seed the run takes
         if self.learning_starts >= run_steps:
-            budget = (f"total_timesteps={self.total_timesteps}" if run_steps == self.total_timesteps else
-                      f"the {run_steps} env steps per seed the run takes (total_timesteps={self.total_timesteps} in "
-                      f"whole updates of steps_per_update={self.steps_per_update})")
-            raise ValueError(f"learning_starts={self.learning_starts} is not below {budget}: no learner step would be "
-                             f"taken; accepted: learning_starts < {run_steps}")
+            budget = (
+                f"total_timesteps={self.total_timesteps}"
+                if run_steps == self.total_timesteps
+                else f"the {run_steps} env steps per seed the run takes (total_timesteps={self.total_timesteps} in "
+                f"whole updates of steps_per_update={self.steps_per_update})"
+            )
+            raise ValueError(
+                f"learning_starts={self.learning_starts} is not below {budget}: no learner step would be "
+                f"taken; accepted: learning_starts < {run_steps}"
+            )
 
     @property
     def num_updates(self) -> int:
@@ -194,7 +205,9 @@ def torch_linear(in_features: int, out_features: int, rngs: nnx.Rngs, kernel_ini
     U[-1/sqrt(fan_in), 1/sqrt(fan_in)]."""
     bound = 1.0 / np.sqrt(in_features)
     return nnx.Linear(
-        in_features, out_features, rngs=rngs,
+        in_features,
+        out_features,
+        rngs=rngs,
         kernel_init=kernel_init or nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform"),
         bias_init=lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound),
     )
@@ -225,8 +238,13 @@ class Policy(nnx.Module):
     def __init__(self, obs_dim: int, action_dim: int, args: Args, rngs: nnx.Rngs):
         self.torso = LayerNormMLP(obs_dim, args.policy_layers, rngs)
         features = args.policy_layers[-1]
-        self.mean = nnx.Linear(features, action_dim, rngs=rngs, bias_init=nnx.initializers.zeros_init(),
-                               kernel_init=nnx.initializers.variance_scaling(1.0, "fan_in", "normal"))
+        self.mean = nnx.Linear(
+            features,
+            action_dim,
+            rngs=rngs,
+            bias_init=nnx.initializers.zeros_init(),
+            kernel_init=nnx.initializers.variance_scaling(1.0, "fan_in", "normal"),
+        )
         self.log_std = torch_linear(features, action_dim, rngs)
         self.log_std_range = (args.log_std_min, args.log_std_max)
 
@@ -265,8 +283,7 @@ class Transition(NamedTuple):
     final_obs: jax.Array  # [O] info["final_observation"]: what the step reached, before any reset
 
 
-@struct.dataclass
-class Duals:
+class Duals(struct.PyTreeNode):
     """Unconstrained (pre-softplus) Lagrange multipliers."""
 
     temperature: jax.Array  # [] eta
@@ -275,8 +292,7 @@ class Duals:
     penalty_temperature: jax.Array  # [] eta of the action penalty (unused unless action_penalization)
 
 
-@struct.dataclass
-class Learner:
+class Learner(struct.PyTreeNode):
     policy: nnx.State
     critic: nnx.State
     target_policy: nnx.State
@@ -289,8 +305,7 @@ class Learner:
     skipped: jax.Array  # [] learner steps skipped because something was not finite (skip_nonfinite; else 0)
 
 
-@struct.dataclass
-class RunnerState:
+class RunnerState(struct.PyTreeNode):
     learner: Learner
     buffer: buffers.Buffer
     env_state: Any
@@ -353,8 +368,14 @@ def decoupled_kls(mean, log_std, target_mean, target_log_std) -> tuple[jax.Array
 
 
 def m_step_loss(
-    mean: jax.Array, log_std: jax.Array, target_mean: jax.Array, target_log_std: jax.Array,
-    actions: jax.Array, weights: jax.Array, alpha_mean: jax.Array, alpha_stddev: jax.Array,
+    mean: jax.Array,
+    log_std: jax.Array,
+    target_mean: jax.Array,
+    target_log_std: jax.Array,
+    actions: jax.Array,
+    weights: jax.Array,
+    alpha_mean: jax.Array,
+    alpha_stddev: jax.Array,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """Decoupled M-step (Abdolmaleki et al. 2018b, section 4.2.1).
 
@@ -372,7 +393,9 @@ def m_step_loss(
     std_part = gaussian_log_prob(actions, fixed_std(target_mean)[:, None], log_std[:, None])
     weighted_log_likelihood = jnp.mean(jnp.sum(weights * (mean_part + std_part), axis=-1))
     kl_mean, kl_stddev = decoupled_kls(mean, log_std, target_mean, target_log_std)
-    penalty = jnp.sum(jax.lax.stop_gradient(alpha_mean) * kl_mean) + jnp.sum(jax.lax.stop_gradient(alpha_stddev) * kl_stddev)
+    penalty = jnp.sum(jax.lax.stop_gradient(alpha_mean) * kl_mean) + jnp.sum(
+        jax.lax.stop_gradient(alpha_stddev) * kl_stddev
+    )
     return -weighted_log_likelihood + penalty, (kl_mean, kl_stddev)
 
 
@@ -397,8 +420,14 @@ def n_step_targets(rewards, terminated, truncated, gamma):
 
 
 def retrace_target(
-    q: jax.Array, v_next: jax.Array, rewards: jax.Array, terminated: jax.Array, truncated: jax.Array,
-    log_rho: jax.Array, gamma: float, lam: float,
+    q: jax.Array,
+    v_next: jax.Array,
+    rewards: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    log_rho: jax.Array,
+    gamma: float,
+    lam: float,
 ) -> jax.Array:
     """Retrace target for Q(s_0, a_0) from a window of T steps (Munos et al. 2016), all [T]:
         Q_ret = Q(s_0, a_0) + sum_t gamma^t (prod_{i=1..t} c_i) delta_t,
@@ -483,9 +512,11 @@ def make_train(args: Args) -> MPO:
     dual_tx = optax.chain(
         *([optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []),
         optax.multi_transform(
-            {"temperature": optax.adam(args.temperature_lr, eps=args.adam_eps),
-             "alpha": optax.adam(args.alpha_lr, eps=args.adam_eps)},
-            Duals("temperature", "alpha", "alpha", "temperature"),
+            {
+                "temperature": optax.adam(args.temperature_lr, eps=args.adam_eps),
+                "alpha": optax.adam(args.alpha_lr, eps=args.adam_eps),
+            },
+            Duals("temperature", "alpha", "alpha", "temperature"),  # type: ignore[arg-type]  # a pytree of labels
         ),
     )
 
@@ -500,15 +531,24 @@ def make_train(args: Args) -> MPO:
             penalty_temperature=jnp.float32(args.init_temperature),
         )
         learner = Learner(
-            policy=policy_params, critic=critic_params, target_policy=policy_params, target_critic=critic_params,
-            duals=duals, policy_opt=policy_tx.init(policy_params), critic_opt=critic_tx.init(critic_params),
-            dual_opt=dual_tx.init(duals), gradient_steps=jnp.int32(0), skipped=jnp.int32(0),
+            policy=policy_params,
+            critic=critic_params,
+            target_policy=policy_params,
+            target_critic=critic_params,
+            duals=duals,
+            policy_opt=policy_tx.init(policy_params),
+            critic_opt=critic_tx.init(critic_params),
+            dual_opt=dual_tx.init(duals),
+            gradient_steps=jnp.int32(0),
+            skipped=jnp.int32(0),
         )
         obs, env_state = env.reset(env_key, env_params)
-        example = Transition(obs[0], jnp.zeros(action_dim), jnp.float32(0), jnp.float32(0), jnp.bool_(False),
-                             jnp.bool_(False), obs[0])
-        return RunnerState(learner, buffers.init(example, args.buffer_size, args.num_envs), env_state, obs, key,
-                           jnp.int32(0))
+        example = Transition(
+            obs[0], jnp.zeros(action_dim), jnp.float32(0), jnp.float32(0), jnp.bool_(False), jnp.bool_(False), obs[0]
+        )
+        return RunnerState(
+            learner, buffers.init(example, args.buffer_size, args.num_envs), env_state, obs, key, jnp.int32(0)
+        )
 
     def critic_targets(learner: Learner, w: Transition, key) -> jax.Array:
         """Targets for Q(s_0, a_0) from windows [B, n] (target networks, no gradient)."""
@@ -551,7 +591,8 @@ def make_train(args: Args) -> MPO:
         # E-step with the target networks: N actions per state, scored by the target critic.
         sampled, (target_mean, target_log_std) = sample_actions(learner.target_policy, obs, e_key, args.num_samples)
         sampled_q = critic(learner.target_critic, jnp.repeat(obs[:, None], args.num_samples, 1), sampled)  # [B, N]
-        kl_mean, kl_stddev = decoupled_kls(*policy(learner.policy, obs), target_mean, target_log_std)
+        online_mean, online_log_std = policy(learner.policy, obs)
+        kl_mean, kl_stddev = decoupled_kls(online_mean, online_log_std, target_mean, target_log_std)
 
         def dual_loss_fn(duals: Duals):
             q_weights, temperature_loss = e_step(sampled_q, positive(duals.temperature), args.epsilon)
@@ -589,13 +630,20 @@ def make_train(args: Args) -> MPO:
         )
 
         new = learner.replace(
-            policy=policy_params, critic=critic_params, duals=duals, policy_opt=policy_opt, critic_opt=critic_opt,
-            dual_opt=dual_opt, gradient_steps=learner.gradient_steps + 1,
+            policy=policy_params,
+            critic=critic_params,
+            duals=duals,
+            policy_opt=policy_opt,
+            critic_opt=critic_opt,
+            dual_opt=dual_opt,
+            gradient_steps=learner.gradient_steps + 1,
         )
         if args.target_update_rate > 0.0:
             polyak = lambda t, p: (1.0 - args.target_update_rate) * t + args.target_update_rate * p
-            new = new.replace(target_policy=jax.tree.map(polyak, new.target_policy, new.policy),
-                              target_critic=jax.tree.map(polyak, new.target_critic, new.critic))
+            new = new.replace(
+                target_policy=jax.tree.map(polyak, new.target_policy, new.policy),
+                target_critic=jax.tree.map(polyak, new.target_critic, new.critic),
+            )
         if args.skip_nonfinite:
             ok = all_finite((w, y, critic_loss, dual_loss, policy_losses, critic_params, policy_params, duals))
             learner = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, learner)
@@ -625,11 +673,25 @@ def make_train(args: Args) -> MPO:
         key, action_key, step_key = jax.random.split(state.key, 3)
         mean, log_std = policy(state.learner.policy, state.obs)
         action = mean + jnp.exp(log_std) * jax.random.normal(action_key, mean.shape)
-        next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, state.env_state, action, env_params)
-        transition = Transition(state.obs, action, gaussian_log_prob(action, mean, log_std), reward, terminated,
-                                truncated, info["final_observation"])
-        state = state.replace(buffer=buffers.add(state.buffer, transition), env_state=env_state, obs=next_obs, key=key,
-                              env_steps=state.env_steps + args.num_envs)
+        next_obs, env_state, reward, terminated, truncated, info = env.step(
+            step_key, state.env_state, action, env_params
+        )
+        transition = Transition(
+            state.obs,
+            action,
+            gaussian_log_prob(action, mean, log_std),
+            reward,
+            terminated,
+            truncated,
+            info["final_observation"],
+        )
+        state = state.replace(
+            buffer=buffers.add(state.buffer, transition),
+            env_state=env_state,
+            obs=next_obs,
+            key=key,
+            env_steps=state.env_steps + args.num_envs,
+        )
         return state, {k: info[k] for k in ("episode_done", "episode_return", "episode_length")}
 
     def learn(state: RunnerState, _):
@@ -684,7 +746,12 @@ def main(args: Args) -> runner.RunResult:
     args = runner.prepare(args, "mpo")  # resume, run-root and cache checks, before anything is built
     algo = make_train(args)
     return runner.run(
-        args, "mpo", algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
+        args,
+        "mpo",
+        algo.init,
+        algo.update,
+        algo.evaluate,
+        num_updates=args.num_updates,
         steps_per_update=args.steps_per_update,
     )
 

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx, struct
 
@@ -145,16 +145,21 @@ class Args:
     def __post_init__(self):
         check_fields(self)
         if self.image_size not in DECODER_KERNELS:
-            raise ValueError(f"image_size={self.image_size} is not supported; accepted: one of "
-                             f"{sorted(DECODER_KERNELS)}")
+            raise ValueError(
+                f"image_size={self.image_size} is not supported; accepted: one of {sorted(DECODER_KERNELS)}"
+            )
         if self.top_candidates > self.candidates:
-            raise ValueError(f"top_candidates={self.top_candidates} exceeds candidates={self.candidates}; accepted: "
-                             "top_candidates <= candidates")
+            raise ValueError(
+                f"top_candidates={self.top_candidates} exceeds candidates={self.candidates}; accepted: "
+                "top_candidates <= candidates"
+            )
         if dmc.is_dmc(self.env_id):
             dmc.parse(self.env_id)
             if self.num_seeds != 1:
-                raise ValueError(f"{self.env_id} is stepped on the host, one seed per process: num_seeds must be 1, "
-                                 f"got {self.num_seeds}")
+                raise ValueError(
+                    f"{self.env_id} is stepped on the host, one seed per process: num_seeds must be 1, "
+                    f"got {self.num_seeds}"
+                )
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -198,10 +203,9 @@ class Encoder(nnx.Module):
     def __init__(self, image_shape: tuple[int, int, int], depth: int, embedding_size: int, rngs: nnx.Rngs):
         num_layers = len(DECODER_KERNELS[image_shape[0]])
         widths = [depth * 2**i for i in range(num_layers)]
-        self.convs = nnx.List([
-            StridedConv(c_in, c_out, 4, rngs)
-            for c_in, c_out in zip([image_shape[2]] + widths[:-1], widths)
-        ])
+        self.convs = nnx.List(
+            [StridedConv(c_in, c_out, 4, rngs) for c_in, c_out in zip([image_shape[2]] + widths[:-1], widths)]
+        )
         flat = 4 * widths[-1]
         self.project = nnx.Linear(flat, embedding_size, rngs=rngs) if flat != embedding_size else None
         self.image_shape = image_shape
@@ -222,15 +226,18 @@ class Decoder(nnx.Module):
     features seen as a 1 x 1 x E map, then ReLU transposed convolutions of
     depth x (.., 4, 2, 1) channels, the last one linear to C channels."""
 
-    def __init__(self, feature_size: int, image_shape: tuple[int, int, int], depth: int, embedding_size: int,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self, feature_size: int, image_shape: tuple[int, int, int], depth: int, embedding_size: int, rngs: nnx.Rngs
+    ):
         kernels = DECODER_KERNELS[image_shape[0]]
         widths = [depth * 2**i for i in reversed(range(len(kernels) - 1))] + [image_shape[2]]
         self.project = nnx.Linear(feature_size, embedding_size, rngs=rngs)
-        self.deconvs = nnx.List([
-            StridedConvTranspose(c_in, c_out, k, rngs)
-            for c_in, c_out, k in zip([embedding_size] + widths[:-1], widths, kernels)
-        ])
+        self.deconvs = nnx.List(
+            [
+                StridedConvTranspose(c_in, c_out, k, rngs)
+                for c_in, c_out, k in zip([embedding_size] + widths[:-1], widths, kernels)
+            ]
+        )
         self.image_shape = image_shape
         self.embedding_size = embedding_size
 
@@ -249,9 +256,13 @@ class RewardModel(nnx.Module):
     """Features [..., D + Z] -> predicted reward [...]: a 3-layer ReLU MLP."""
 
     def __init__(self, feature_size: int, hidden_size: int, rngs: nnx.Rngs):
-        self.layers = nnx.List([nnx.Linear(feature_size, hidden_size, rngs=rngs),
-                                nnx.Linear(hidden_size, hidden_size, rngs=rngs),
-                                nnx.Linear(hidden_size, 1, rngs=rngs)])
+        self.layers = nnx.List(
+            [
+                nnx.Linear(feature_size, hidden_size, rngs=rngs),
+                nnx.Linear(hidden_size, hidden_size, rngs=rngs),
+                nnx.Linear(hidden_size, 1, rngs=rngs),
+            ]
+        )
 
     def __call__(self, features: jax.Array) -> jax.Array:
         x = jax.nn.relu(self.layers[0](features))
@@ -338,8 +349,7 @@ class RSSMOutputs(NamedTuple):
     posterior_std: jax.Array  # [T, B, Z]
 
 
-@struct.dataclass
-class Agent:
+class Agent(struct.PyTreeNode):
     """The acting side of one seed: N envs and their filtered latent states."""
 
     env_state: Any
@@ -348,8 +358,7 @@ class Agent:
     need_first: jax.Array  # [N] bool: the next slot records obs as a first frame instead of stepping
 
 
-@struct.dataclass
-class RunnerState:
+class RunnerState(struct.PyTreeNode):
     params: nnx.State
     opt_state: optax.OptState
     buffer: buffers.Buffer
@@ -435,8 +444,9 @@ def rssm_imagine(rssm: RSSM, latent: Latent, actions, noise) -> tuple[Latent, ja
     return jax.lax.scan(step, latent, (actions, noise))[1]
 
 
-def open_loop_prediction(model: WorldModel, images, actions, firsts, context: int, noise) -> tuple[jax.Array,
-                                                                                                   jax.Array]:
+def open_loop_prediction(
+    model: WorldModel, images, actions, firsts, context: int, noise
+) -> tuple[jax.Array, jax.Array]:
     """Video prediction (paper figure 4): filter the first `context` frames of
     images [T, B, S, S, C] (preprocessed) with the posterior, then predict the
     remaining T - context steps open loop with the prior, from the recorded
@@ -446,10 +456,10 @@ def open_loop_prediction(model: WorldModel, images, actions, firsts, context: in
     reconstructions for t < context, open-loop predictions after) and
     predicted rewards [T, B] (in the reward model's units, reward_scale x)."""
     chex.assert_equal_shape_prefix([images, actions, firsts, noise], 2)
-    zeros = Latent(jnp.zeros((images.shape[1], model.rssm.gru.hidden_features)),
-                   jnp.zeros(noise.shape[1:]))
-    filtered = rssm_observe(model.rssm, zeros, actions[:context], model.encoder(images[:context]), firsts[:context],
-                            noise[:context])
+    zeros = Latent(jnp.zeros((images.shape[1], model.rssm.gru.hidden_features)), jnp.zeros(noise.shape[1:]))
+    filtered = rssm_observe(
+        model.rssm, zeros, actions[:context], model.encoder(images[:context]), firsts[:context], noise[:context]
+    )
     last = Latent(filtered.belief[-1], filtered.state[-1])
     predicted, _, _ = rssm_imagine(model.rssm, last, actions[context:], noise[context:])
     belief = jnp.concatenate([filtered.belief, predicted.belief])
@@ -491,8 +501,9 @@ def cem_plan(
     return jax.lax.scan(iteration, init, jax.random.split(key, iterations))[0]
 
 
-def overshooting_kl(rssm: RSSM, outputs: RSSMOutputs, actions, firsts, distance: int, free_nats: float,
-                    key: jax.Array) -> jax.Array:
+def overshooting_kl(
+    rssm: RSSM, outputs: RSSMOutputs, actions, firsts, distance: int, free_nats: float, key: jax.Array
+) -> jax.Array:
     """Latent overshooting (paper section 4, eq. 7), the KL terms only: from
     every filtered latent (h_t, s_t) of outputs [T, B, ...] predict d = 1..distance
     steps open loop with the prior and the recorded actions [T, B, A], and
@@ -550,9 +561,11 @@ def check_env_id(env_id: str) -> None:
     accepted = [e for e in pixels.RENDERERS if not env_spec(e).discrete]
     if env_id not in pixels.RENDERERS:
         what = "no pixel renderer for env_id" if env_id in envs.ENV_IDS else "unknown env_id"
-        raise ValueError(f"{what} {env_id!r}{envs.did_you_mean(env_id, accepted)}; accepted: "
-                         f"{', '.join(accepted)} (rendered in common/pixels.py) or a DeepMind Control task "
-                         f"'{dmc.PREFIX}<domain>-<task>'")
+        raise ValueError(
+            f"{what} {env_id!r}{envs.did_you_mean(env_id, accepted)}; accepted: "
+            f"{', '.join(accepted)} (rendered in common/pixels.py) or a DeepMind Control task "
+            f"'{dmc.PREFIX}<domain>-<task>'"
+        )
     if env_spec(env_id).discrete:
         raise ValueError(
             f"{env_id} has a discrete action space; PlaNet plans continuous actions with CEM, so it requires "
@@ -565,8 +578,15 @@ def make_train(args: Args) -> PlaNet:
     spec = env_spec(args.env_id)
     on_host = dmc.is_dmc(args.env_id)
     if on_host:  # MuJoCo stepped and rendered in Python through io_callback, the action repeat done there
-        make_pixels = lambda n, role: dmc.make(args.env_id, n, size=args.image_size, grayscale=args.grayscale,  # noqa: E731
-                                               action_repeat=args.action_repeat, seed=args.seed, role=role)
+        make_pixels = lambda n, role: dmc.make(
+            args.env_id,
+            n,
+            size=args.image_size,
+            grayscale=args.grayscale,  # noqa: E731
+            action_repeat=args.action_repeat,
+            seed=args.seed,
+            role=role,
+        )
     else:
         make_pixels = lambda n, role: pixels.make(args.env_id, n, size=args.image_size, grayscale=args.grayscale)  # noqa: E731
     env, env_params = make_pixels(1, 0)
@@ -577,14 +597,19 @@ def make_train(args: Args) -> PlaNet:
     slots = args.episode_steps + 1  # rows per episode: its first frame, then one per agent step
     steps_per_update, num_updates = args.steps_per_update, args.num_updates
     if num_updates < 1:
-        raise ValueError(f"total_timesteps={args.total_timesteps} is less than one episode "
-                         f"({steps_per_update} environment steps)")
+        raise ValueError(
+            f"total_timesteps={args.total_timesteps} is less than one episode ({steps_per_update} environment steps)"
+        )
     if args.seed_episodes * slots < args.chunk_size:
-        raise ValueError(f"seed_episodes={args.seed_episodes} give {args.seed_episodes * slots} replay rows, fewer "
-                         f"than chunk_size={args.chunk_size}")
+        raise ValueError(
+            f"seed_episodes={args.seed_episodes} give {args.seed_episodes * slots} replay rows, fewer "
+            f"than chunk_size={args.chunk_size}"
+        )
     if args.buffer_size < max(slots, args.chunk_size) + 1:
-        raise ValueError(f"buffer_size={args.buffer_size} must hold more than one episode ({slots} rows) "
-                         f"and chunk_size={args.chunk_size}")
+        raise ValueError(
+            f"buffer_size={args.buffer_size} must hold more than one episode ({slots} rows) "
+            f"and chunk_size={args.chunk_size}"
+        )
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(action_dim, args, nnx.Rngs(0))))
     clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
     tx = optax.chain(*clip, optax.adam(args.learning_rate, eps=args.adam_eps))
@@ -606,21 +631,40 @@ def make_train(args: Args) -> PlaNet:
         time_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
         images = preprocess_obs(time_major.obs, args.bit_depth, obs_key)  # [T, B, S, S, C]
         T, B = time_major.first.shape
-        outputs = rssm_observe(model.rssm, zeros_latent(B), time_major.action, model.encoder(images),
-                               time_major.first, jax.random.normal(noise_key, (T, B, Z)))
+        outputs = rssm_observe(
+            model.rssm,
+            zeros_latent(B),
+            time_major.action,
+            model.encoder(images),
+            time_major.first,
+            jax.random.normal(noise_key, (T, B, Z)),
+        )
         feats = features(outputs)
         observation_loss = jnp.square(model.decoder(feats) - images).sum((-3, -2, -1)).mean()
         has_reward = (~time_major.first).astype(jnp.float32)
         reward_error = jnp.square(model.reward(feats) - args.reward_scale * time_major.reward)
         reward_loss = jnp.sum(reward_error * has_reward) / jnp.maximum(has_reward.sum(), 1.0)
-        kl_loss, kl = kl_with_free_nats(outputs.posterior_mean, outputs.posterior_std, outputs.prior_mean,
-                                        outputs.prior_std, args.free_nats)
-        metrics = {"observation_loss": observation_loss, "reward_loss": reward_loss, "kl_loss": kl_loss.mean(),
-                   "kl_divergence": kl.mean(), "posterior_std": outputs.posterior_std.mean()}
+        kl_loss, kl = kl_with_free_nats(
+            outputs.posterior_mean, outputs.posterior_std, outputs.prior_mean, outputs.prior_std, args.free_nats
+        )
+        metrics = {
+            "observation_loss": observation_loss,
+            "reward_loss": reward_loss,
+            "kl_loss": kl_loss.mean(),
+            "kl_divergence": kl.mean(),
+            "posterior_std": outputs.posterior_std.mean(),
+        }
         loss = observation_loss + reward_loss + kl_loss.mean()
         if args.overshooting_kl_beta > 0:
-            overshooting = overshooting_kl(model.rssm, outputs, time_major.action, time_major.first,
-                                           args.overshooting_distance, args.free_nats, overshoot_key)
+            overshooting = overshooting_kl(
+                model.rssm,
+                outputs,
+                time_major.action,
+                time_major.first,
+                args.overshooting_distance,
+                args.free_nats,
+                overshoot_key,
+            )
             loss = loss + args.overshooting_kl_beta * overshooting
             metrics["overshooting_kl_loss"] = overshooting
         return loss, {**metrics, "model_loss": loss}
@@ -650,8 +694,15 @@ def make_train(args: Args) -> PlaNet:
 
             return jax.vmap(rollout)(actions, noise)
 
-        mean, _, predicted_return = cem_plan(returns_fn, key, args.planning_horizon, action_dim,
-                                             args.optimisation_iters, args.candidates, args.top_candidates)
+        mean, _, predicted_return = cem_plan(
+            returns_fn,
+            key,
+            args.planning_horizon,
+            action_dim,
+            args.optimisation_iters,
+            args.candidates,
+            args.top_candidates,
+        )
         return mean[0], predicted_return / args.reward_scale
 
     def agent_slot(params, agent: Agent, key, env, mode: str, noise_std: float):
@@ -668,8 +719,9 @@ def make_train(args: Args) -> PlaNet:
             action = jax.random.uniform(action_key, (n, action_dim), minval=-1.0, maxval=1.0)
             predicted = jnp.full((n,), jnp.nan)
         else:
-            action, predicted = jax.vmap(plan, in_axes=(None, 0, 0))(params, agent.latent,
-                                                                    jax.random.split(action_key, n))
+            action, predicted = jax.vmap(plan, in_axes=(None, 0, 0))(
+                params, agent.latent, jax.random.split(action_key, n)
+            )
             action = jnp.clip(action + noise_std * jax.random.normal(noise_key, action.shape), -1.0, 1.0)
         env_action = low + (action + 1.0) * 0.5 * (high - low)
 
@@ -680,24 +732,38 @@ def make_train(args: Args) -> PlaNet:
             obs, new_state, r, terminated, truncated, info = env.step(key, env_state, env_action, env_params, *told)
             select = lambda new, old: jnp.where(active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old)
             env_state = jax.tree.map(select, new_state, env_state)
-            carry = (env_state, reward + jnp.where(active, r, 0.0), done | (active & (terminated | truncated)),
-                     select(info["final_observation"], reached), select(obs, next_obs))
-            stats = {"episode_done": info["episode_done"] & active, "episode_return": info["episode_return"],
-                     "episode_length": info["episode_length"]}
+            carry = (
+                env_state,
+                reward + jnp.where(active, r, 0.0),
+                done | (active & (terminated | truncated)),
+                select(info["final_observation"], reached),
+                select(obs, next_obs),
+            )
+            stats = {
+                "episode_done": info["episode_done"] & active,
+                "episode_return": info["episode_return"],
+                "episode_length": info["episode_length"],
+            }
             return carry, stats
 
         # A first-frame slot starts "done": no substep is active, the env is not stepped.
         init = (agent.env_state, jnp.zeros(n), agent.need_first, agent.obs, agent.obs)
         (env_state, reward, done, reached, next_obs), stats = jax.lax.scan(
-            substep, init, jax.random.split(env_key, substeps))
-        row = Step(obs=quantise(reached), action=jnp.where(agent.need_first[:, None], 0.0, action), reward=reward,
-                   first=agent.need_first)
+            substep, init, jax.random.split(env_key, substeps)
+        )
+        row = Step(
+            obs=quantise(reached),
+            action=jnp.where(agent.need_first[:, None], 0.0, action),
+            reward=reward,
+            first=agent.need_first,
+        )
         latent = agent.latent
         if mode != "random":  # random acting needs no latent state
             model = nnx.merge(graphdef, params)
             embedding = model.encoder(preprocess_obs(row.obs, args.bit_depth, obs_key))
-            latent, _ = rssm_observe_step(model.rssm, latent, row.action, embedding, row.first,
-                                          jax.random.normal(filter_key, (n, Z)))
+            latent, _ = rssm_observe_step(
+                model.rssm, latent, row.action, embedding, row.first, jax.random.normal(filter_key, (n, Z))
+            )
         agent = Agent(env_state, next_obs, latent, ~agent.need_first & done)
         return agent, (row, stats, predicted)
 
@@ -711,8 +777,9 @@ def make_train(args: Args) -> PlaNet:
             agent, (row, stats, predicted) = agent_slot(state.params, agent, key, env, mode, args.exploration_noise)
             return (agent, buffers.add(buffer, row)), (stats, predicted)
 
-        (agent, buffer), (stats, predicted) = jax.lax.scan(slot, (state.agent, state.buffer),
-                                                           jax.random.split(slot_key, num_slots))
+        (agent, buffer), (stats, predicted) = jax.lax.scan(
+            slot, (state.agent, state.buffer), jax.random.split(slot_key, num_slots)
+        )
         return state.replace(agent=agent, buffer=buffer, key=key), (stats, predicted)
 
     def init(key: jax.Array) -> RunnerState:
@@ -720,10 +787,12 @@ def make_train(args: Args) -> PlaNet:
         params = nnx.split(WorldModel(action_dim, args, nnx.Rngs(model_key)))[1]
         obs, env_state = env.reset(env_key, env_params)
         agent = Agent(env_state, obs, zeros_latent(1), jnp.ones((1,), bool))
-        example = Step(jnp.zeros(args.image_shape, jnp.uint8), jnp.zeros(action_dim), jnp.float32(0.0),
-                       jnp.bool_(False))
-        state = RunnerState(params, tx.init(params), buffers.init(example, args.buffer_size, 1), agent, key,
-                            jnp.int32(0), jnp.int32(0))
+        example = Step(
+            jnp.zeros(args.image_shape, jnp.uint8), jnp.zeros(action_dim), jnp.float32(0.0), jnp.bool_(False)
+        )
+        state = RunnerState(
+            params, tx.init(params), buffers.init(example, args.buffer_size, 1), agent, key, jnp.int32(0), jnp.int32(0)
+        )
         state, _ = collect(state, "random", args.seed_episodes * slots)
         return state.replace(env_steps=jnp.int32(args.seed_episodes * steps_per_update))
 
@@ -740,10 +809,12 @@ def make_train(args: Args) -> PlaNet:
             return (params, opt_state), metrics
 
         key, fit_key = jax.random.split(state.key)
-        (params, opt_state), metrics = jax.lax.scan(fit, (state.params, state.opt_state),
-                                                    jax.random.split(fit_key, args.collect_interval))
-        state = state.replace(params=params, opt_state=opt_state, key=key,
-                              model_updates=state.model_updates + args.collect_interval)
+        (params, opt_state), metrics = jax.lax.scan(
+            fit, (state.params, state.opt_state), jax.random.split(fit_key, args.collect_interval)
+        )
+        state = state.replace(
+            params=params, opt_state=opt_state, key=key, model_updates=state.model_updates + args.collect_interval
+        )
         state, (stats, predicted) = collect(state, "plan", slots)
         state = state.replace(env_steps=state.env_steps + steps_per_update)
         return state, {
@@ -788,8 +859,14 @@ def main(args: Args) -> runner.RunResult:
     args = runner.prepare(args, "planet")  # resume, run-root and cache checks, before anything is built
     algo = make_train(args)
     return runner.run(
-        args, "planet", algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
-        steps_per_update=args.steps_per_update, eval_every=args.eval_every,
+        args,
+        "planet",
+        algo.init,
+        algo.update,
+        algo.evaluate,
+        num_updates=args.num_updates,
+        steps_per_update=args.steps_per_update,
+        eval_every=args.eval_every,
     )
 
 

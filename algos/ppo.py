@@ -163,8 +163,11 @@ def dense(in_features: int, out_features: int, scale: float, rngs: nnx.Rngs) -> 
     """Linear layer with orthogonal weights (gain `scale`) and zero bias, as in
     the PPO implementation details (Huang et al. 2022, detail 2)."""
     return nnx.Linear(
-        in_features, out_features, kernel_init=nnx.initializers.orthogonal(scale),
-        bias_init=nnx.initializers.zeros_init(), rngs=rngs,
+        in_features,
+        out_features,
+        kernel_init=nnx.initializers.orthogonal(scale),
+        bias_init=nnx.initializers.zeros_init(),
+        rngs=rngs,
     )
 
 
@@ -202,7 +205,9 @@ class MinAtarCNN(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         height, width = x.shape[-3] - 2, x.shape[-2] - 2
-        patches = jnp.concatenate([x[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], axis=-1)
+        patches = jnp.concatenate(
+            [x[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], axis=-1
+        )
         x = jax.nn.relu(self.conv(patches))  # [..., H-2, W-2, 16]
         return self.mlp(x.reshape(x.shape[:-3] + (-1,)))
 
@@ -297,8 +302,7 @@ class ActorCritic(nnx.Module):
 # --------------------------------------------------------------------------- #
 # Pytrees
 # --------------------------------------------------------------------------- #
-@struct.dataclass
-class Hyperparams:
+class Hyperparams(struct.PyTreeNode):
     """Hyperparameters read inside the jitted update. They live in the runner
     state, so `train` can be vmapped over them (a sweep in one compile)."""
 
@@ -340,8 +344,7 @@ class Batch(NamedTuple):
     target_return: jax.Array
 
 
-@struct.dataclass
-class RunnerState:
+class RunnerState(struct.PyTreeNode):
     """Everything a run carries from one update to the next (and checkpoints)."""
 
     params: nnx.State
@@ -442,7 +445,9 @@ def ppo_loss(
 def adapt_kl_coef(kl_coef: jax.Array, mean_kl: jax.Array, kl_target: float) -> jax.Array:
     """RLlib's adaptive KL coefficient: x1.5 when the update's KL exceeds twice
     the target, x0.5 when it is under half of it."""
-    return jnp.where(mean_kl > 2.0 * kl_target, kl_coef * 1.5, jnp.where(mean_kl < 0.5 * kl_target, kl_coef * 0.5, kl_coef))
+    return jnp.where(
+        mean_kl > 2.0 * kl_target, kl_coef * 1.5, jnp.where(mean_kl < 0.5 * kl_target, kl_coef * 0.5, kl_coef)
+    )
 
 
 def explained_variance(prediction: jax.Array, target: jax.Array) -> jax.Array:
@@ -476,15 +481,22 @@ def make_train(args: Args) -> PPO:
             f"have shape {probe_spec.obs_shape} (use torso='mlp' or 'auto')"
         )
     env, env_params = envs.make(
-        args.env_id, args.num_envs, flatten_obs=torso == "mlp", normalize_obs=args.normalize_obs,
-        normalize_reward=args.normalize_reward, gamma=args.gamma, **max_steps,
+        args.env_id,
+        args.num_envs,
+        flatten_obs=torso == "mlp",
+        normalize_obs=args.normalize_obs,
+        normalize_reward=args.normalize_reward,
+        gamma=args.gamma,
+        **max_steps,
     )
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp", **max_steps)
     spec = envs.spec(env, env_params)
     # The module structure, without computing any weights (they are made per seed in `init`).
-    graphdef = nnx.graphdef(nnx.eval_shape(
-        lambda: ActorCritic(spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(0))
-    ))
+    graphdef = nnx.graphdef(
+        nnx.eval_shape(
+            lambda: ActorCritic(spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(0))
+        )
+    )
     num_updates, nmb, mbs = args.num_updates, args.num_minibatches, args.minibatch_size
     use_kl_penalty = args.kl_coef > 0
 
@@ -531,8 +543,16 @@ def make_train(args: Args) -> PPO:
             action = dist.sample(action_key)
             next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
             transition = Transition(
-                obs, action, dist.log_prob(action), reward, terminated, truncated,
-                info["final_observation"], info["episode_done"], info["episode_return"], info["episode_length"],
+                obs,
+                action,
+                dist.log_prob(action),
+                reward,
+                terminated,
+                truncated,
+                info["final_observation"],
+                info["episode_done"],
+                info["episode_return"],
+                info["episode_length"],
             )
             return (env_state, next_obs, key), transition
 
@@ -544,8 +564,15 @@ def make_train(args: Args) -> PPO:
         def loss_fn(params):
             dist, new_value = policy(params, minibatch.obs)
             return ppo_loss(
-                dist.log_prob(minibatch.action), dist.entropy(), new_value, minibatch, hparams, kl_coef,
-                norm_adv=args.norm_adv, clip_vloss=args.clip_vloss, vf_clip_coef=args.vf_clip_coef,
+                dist.log_prob(minibatch.action),
+                dist.entropy(),
+                new_value,
+                minibatch,
+                hparams,
+                kl_coef,
+                norm_adv=args.norm_adv,
+                clip_vloss=args.clip_vloss,
+                vf_clip_coef=args.vf_clip_coef,
             )
 
         grads, stats = jax.grad(loss_fn, has_aux=True)(params)
@@ -603,8 +630,11 @@ def make_train(args: Args) -> PPO:
         new_state = RunnerState(params, opt_state, env_state, obs, key, state.update_step + 1, kl_coef, hp)
         metrics = {
             **envs.episode_metrics(
-                {"episode_done": traj.episode_done, "episode_return": traj.episode_return,
-                 "episode_length": traj.episode_length}
+                {
+                    "episode_done": traj.episode_done,
+                    "episode_return": traj.episode_return,
+                    "episode_length": traj.episode_length,
+                }
             ),
             **stats,
             "explained_variance": explained_variance(batch.value, batch.target_return),
@@ -624,7 +654,9 @@ def make_train(args: Args) -> PPO:
     def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
         """Greedy policy (argmax / Gaussian mean), one episode in each of
         `eval_episodes` envs; returns their undiscounted returns [eval_episodes]."""
-        normaliser = envs.find_state(state.env_state, envs.NormalizeObservationState).obs_stats if args.normalize_obs else None
+        normaliser = (
+            envs.find_state(state.env_state, envs.NormalizeObservationState).obs_stats if args.normalize_obs else None
+        )
 
         def greedy(obs):
             if normaliser is not None:

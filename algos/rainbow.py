@@ -173,15 +173,22 @@ class Args:
                 f"accepted: buffer_size >= num_envs * (n_step + 1) = {self.num_envs * (self.n_step + 1)}"
             )
         if self.num_updates < 1:
-            raise ValueError(f"total_timesteps={self.total_timesteps} is less than steps_per_update="
-                             f"{self.steps_per_update}; accepted: total_timesteps >= {self.steps_per_update}")
+            raise ValueError(
+                f"total_timesteps={self.total_timesteps} is less than steps_per_update="
+                f"{self.steps_per_update}; accepted: total_timesteps >= {self.steps_per_update}"
+            )
         run_steps = self.num_updates * self.steps_per_update  # env steps per seed the run takes
         if self.learning_starts >= run_steps:
-            budget = (f"total_timesteps={self.total_timesteps}" if run_steps == self.total_timesteps else
-                      f"the {run_steps} env steps per seed the run takes (total_timesteps={self.total_timesteps} in "
-                      f"whole updates of steps_per_update={self.steps_per_update})")
-            raise ValueError(f"learning_starts={self.learning_starts} is not below {budget}: no gradient step would be "
-                             f"taken; accepted: learning_starts < {run_steps}")
+            budget = (
+                f"total_timesteps={self.total_timesteps}"
+                if run_steps == self.total_timesteps
+                else f"the {run_steps} env steps per seed the run takes (total_timesteps={self.total_timesteps} in "
+                f"whole updates of steps_per_update={self.steps_per_update})"
+            )
+            raise ValueError(
+                f"learning_starts={self.learning_starts} is not below {budget}: no gradient step would be "
+                f"taken; accepted: learning_starts < {run_steps}"
+            )
 
     @property
     def num_updates(self) -> int:
@@ -325,8 +332,7 @@ class Transition(NamedTuple):
     final_obs: jax.Array  # [*obs_shape] info["final_observation"]: the true next state, before any reset
 
 
-@struct.dataclass
-class RunnerState:
+class RunnerState(struct.PyTreeNode):
     params: nnx.State
     target_params: nnx.State
     opt_state: optax.OptState
@@ -471,8 +477,11 @@ def make_train(args: Args) -> Rainbow:
         return jnp.sum(jax.nn.softmax(out, axis=-1) * support, axis=-1)
 
     clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
-    learning_rate = (optax.linear_schedule(args.learning_rate, 0.0, max(1, args.num_gradient_steps))
-                     if args.anneal_lr else args.learning_rate)
+    learning_rate = (
+        optax.linear_schedule(args.learning_rate, 0.0, max(1, args.num_gradient_steps))
+        if args.anneal_lr
+        else args.learning_rate
+    )
     optimizer = optax.chain(*clip, optax.adam(learning_rate, eps=args.adam_eps))
 
     def init(key: jax.Array) -> RunnerState:
@@ -502,10 +511,15 @@ def make_train(args: Args) -> Rainbow:
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * total, state.env_steps)
             random_action = jax.random.randint(action_key, greedy.shape, 0, spec.num_actions)
             action = jnp.where(jax.random.uniform(explore_key, greedy.shape) < epsilon, random_action, greedy)
-        next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, state.env_state, action, env_params)
+        next_obs, env_state, reward, terminated, truncated, info = env.step(
+            step_key, state.env_state, action, env_params
+        )
         transition = Transition(state.obs, action, reward, terminated, truncated, info["final_observation"])
         state = state.replace(
-            buffer=buffers.add(state.buffer, transition), env_state=env_state, obs=next_obs, key=key,
+            buffer=buffers.add(state.buffer, transition),
+            env_state=env_state,
+            obs=next_obs,
+            key=key,
             env_steps=state.env_steps + args.num_envs,
         )
         return state, {k: info[k] for k in ("episode_done", "episode_return", "episode_length")}
@@ -514,7 +528,9 @@ def make_train(args: Args) -> Rainbow:
         """Mean importance-weighted TD loss of a batch of n-step windows [B, n]."""
         w = sample.windows
         returns, discount, last = n_step_targets(w.reward, w.terminated, w.truncated, args.gamma)
-        bootstrap_obs = jnp.take_along_axis(w.final_obs, last.reshape((-1,) + (1,) * (w.final_obs.ndim - 1)), axis=1)[:, 0]
+        bootstrap_obs = jnp.take_along_axis(w.final_obs, last.reshape((-1,) + (1,) * (w.final_obs.ndim - 1)), axis=1)[
+            :, 0
+        ]
         obs, action = w.obs[:, 0], w.action[:, 0]
         online_key, next_key, target_key = jax.random.split(key, 3) if args.noisy else (None, None, None)
 
@@ -552,11 +568,15 @@ def make_train(args: Args) -> Rainbow:
         )
         updates, opt_state = optimizer.update(grads, learner.opt_state, learner.params)
         learner = learner._replace(
-            params=optax.apply_updates(learner.params, updates), opt_state=opt_state, key=key,
+            params=optax.apply_updates(learner.params, updates),
+            opt_state=opt_state,
+            key=key,
             gradient_steps=learner.gradient_steps + 1,
         )
         if args.prioritized:
-            buffer = buffers.set_priorities(buffer, sample.rows, sample.envs, jax.lax.stop_gradient(priority) + args.per_eps)
+            buffer = buffers.set_priorities(
+                buffer, sample.rows, sample.envs, jax.lax.stop_gradient(priority) + args.per_eps
+            )
             learner = learner._replace(priority=buffer.priority, max_priority=buffer.max_priority)
         return learner, stats
 
@@ -570,12 +590,18 @@ def make_train(args: Args) -> Rainbow:
         # target network: under vmap (several seeds) the cond becomes a select of both
         # branches' outputs, which would otherwise copy the whole buffer every phase.
         learner = Learner(
-            state.params, state.opt_state, state.key, state.gradient_steps,
-            state.buffer.priority if args.prioritized else None, state.buffer.max_priority if args.prioritized else None,
+            state.params,
+            state.opt_state,
+            state.key,
+            state.gradient_steps,
+            state.buffer.priority if args.prioritized else None,
+            state.buffer.max_priority if args.prioritized else None,
         )
 
         def do_learn(learner):
-            return jax.lax.scan(lambda c, x: learn(c, x, state.buffer, state.target_params, beta), learner, None, args.gradient_steps)
+            return jax.lax.scan(
+                lambda c, x: learn(c, x, state.buffer, state.target_params, beta), learner, None, args.gradient_steps
+            )
 
         def skip(learner):
             shapes = jax.eval_shape(do_learn, learner)[1]
@@ -585,7 +611,10 @@ def make_train(args: Args) -> Rainbow:
         buffer = state.buffer
         if args.prioritized:
             buffer = buffer.replace(priority=learner.priority, max_priority=learner.max_priority)
-        period_ended = state.env_steps // args.target_update_period > (state.env_steps - args.train_frequency) // args.target_update_period
+        period_ended = (
+            state.env_steps // args.target_update_period
+            > (state.env_steps - args.train_frequency) // args.target_update_period
+        )
         update_target = learning & period_ended
         if args.tau == 1.0:  # a hard copy
             mix = lambda t, p: p
@@ -593,8 +622,12 @@ def make_train(args: Args) -> Rainbow:
             mix = lambda t, p: args.tau * p + (1 - args.tau) * t
         target = jax.tree.map(lambda t, p: jnp.where(update_target, mix(t, p), t), state.target_params, learner.params)
         state = state.replace(
-            params=learner.params, target_params=target, opt_state=learner.opt_state, key=learner.key,
-            gradient_steps=learner.gradient_steps, buffer=buffer,
+            params=learner.params,
+            target_params=target,
+            opt_state=learner.opt_state,
+            key=learner.key,
+            gradient_steps=learner.gradient_steps,
+            buffer=buffer,
         )
         return state, (episode_info, stats)
 
@@ -602,7 +635,11 @@ def make_train(args: Args) -> Rainbow:
         """`steps_per_update` env steps per seed with the learning they trigger; metrics are
         means over that stretch (NaN loss while learning has not started)."""
         state, (episode_info, stats) = jax.lax.scan(phase, state, None, args.phases_per_update)
-        epsilon = 0.0 if args.noisy else linear_schedule(args.start_e, args.end_e, args.exploration_fraction * total, state.env_steps)
+        epsilon = (
+            0.0
+            if args.noisy
+            else linear_schedule(args.start_e, args.end_e, args.exploration_fraction * total, state.env_steps)
+        )
         metrics = {
             **envs.episode_metrics(episode_info),
             **jax.tree.map(jnp.nanmean, stats),
@@ -617,7 +654,9 @@ def make_train(args: Args) -> Rainbow:
             # is folded off the state key, which it does not advance.
             draws = jax.random.split(jax.random.fold_in(state.key, 1), 16)
             noisy_actions = jax.vmap(lambda k: greedy_actions(q_values(state.params, state.obs, k)))(draws)
-            metrics["noisy_action_changes"] = jnp.mean(noisy_actions != greedy_actions(q_values(state.params, state.obs)))
+            metrics["noisy_action_changes"] = jnp.mean(
+                noisy_actions != greedy_actions(q_values(state.params, state.obs))
+            )
         return state, metrics
 
     def train(key: jax.Array):
@@ -641,7 +680,12 @@ def main(args: Args) -> runner.RunResult:
     args = runner.prepare(args, "rainbow")  # resume, run-root and cache checks, before anything is built
     algo = make_train(args)
     return runner.run(
-        args, "rainbow", algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
+        args,
+        "rainbow",
+        algo.init,
+        algo.update,
+        algo.evaluate,
+        num_updates=args.num_updates,
         steps_per_update=args.steps_per_update,
     )
 

@@ -152,11 +152,14 @@ class Args:
                 f"see a longer history than any training window); accepted: context_steps <= {self.num_unroll_steps}"
             )
         if self.embed_dim % (2 * self.num_heads):
-            raise ValueError(f"embed_dim={self.embed_dim} does not split into num_heads={self.num_heads} heads of even "
-                             f"size; accepted: a multiple of 2 * num_heads = {2 * self.num_heads}")
+            raise ValueError(
+                f"embed_dim={self.embed_dim} does not split into num_heads={self.num_heads} heads of even "
+                f"size; accepted: a multiple of 2 * num_heads = {2 * self.num_heads}"
+            )
         if self.support_size % 2 == 0:
-            raise ValueError(f"support_size={self.support_size} is even; accepted: an odd number >= 3 "
-                             "(the support is centred on 0)")
+            raise ValueError(
+                f"support_size={self.support_size} is even; accepted: an odd number >= 3 (the support is centred on 0)"
+            )
         if self.buffer_size // self.num_envs < self.window_length + 1:
             raise ValueError(
                 f"buffer_size={self.buffer_size} holds fewer than window_length + 1 = {self.window_length + 1} rows of "
@@ -211,9 +214,10 @@ def two_hot(y: jax.Array, support_size: int) -> jax.Array:
     low = jnp.floor(y)
     upper_weight = y - low
     index = (low + half).astype(jnp.int32)
-    return jax.nn.one_hot(index, support_size) * (1.0 - upper_weight)[..., None] + jax.nn.one_hot(
-        jnp.minimum(index + 1, support_size - 1), support_size
-    ) * upper_weight[..., None]
+    return (
+        jax.nn.one_hot(index, support_size) * (1.0 - upper_weight)[..., None]
+        + jax.nn.one_hot(jnp.minimum(index + 1, support_size - 1), support_size) * upper_weight[..., None]
+    )
 
 
 def scalar_to_probs(x: jax.Array, support_size: int) -> jax.Array:
@@ -233,7 +237,9 @@ def rope(x: jax.Array, positions: jax.Array, theta: float = 1e4) -> jax.Array:
     freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
     angles = positions[..., None, None].astype(jnp.float32) * freqs  # [B, T, 1, half]
     x1, x2 = x[..., :half], x[..., half:]
-    return jnp.concatenate([x1 * jnp.cos(angles) - x2 * jnp.sin(angles), x1 * jnp.sin(angles) + x2 * jnp.cos(angles)], -1)
+    return jnp.concatenate(
+        [x1 * jnp.cos(angles) - x2 * jnp.sin(angles), x1 * jnp.sin(angles) + x2 * jnp.cos(angles)], -1
+    )
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -259,7 +265,9 @@ class Block(nnx.Module):
         `key` turns dropout on (training)."""
         keys = [None] * 3 if key is None else list(jax.random.split(key, 3))
         batch, length, dim = x.shape
-        q, k, v = jnp.split(self.qkv(self.norm1(x)).reshape(batch, length, 3 * self.heads, dim // self.heads), 3, axis=2)
+        q, k, v = jnp.split(
+            self.qkv(self.norm1(x)).reshape(batch, length, 3 * self.heads, dim // self.heads), 3, axis=2
+        )
         q, k = rope(q, positions), rope(k, positions)
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dim // self.heads)
         scores = jnp.where(mask[:, None], scores, -1e30)
@@ -271,8 +279,11 @@ class Block(nnx.Module):
 
 def head(dim: int, out: int, rngs: nnx.Rngs) -> nnx.Sequential:
     """Linear -> GELU -> Linear with a zero-initialised output layer (LightZero's heads)."""
-    return nnx.Sequential(nnx.Linear(dim, dim, rngs=rngs), jax.nn.gelu,
-                          nnx.Linear(dim, out, kernel_init=nnx.initializers.zeros_init(), rngs=rngs))
+    return nnx.Sequential(
+        nnx.Linear(dim, dim, rngs=rngs),
+        jax.nn.gelu,
+        nnx.Linear(dim, out, kernel_init=nnx.initializers.zeros_init(), rngs=rngs),
+    )
 
 
 class Encoder(nnx.Module):
@@ -296,7 +307,9 @@ class Encoder(nnx.Module):
     def __call__(self, obs: jax.Array) -> jax.Array:
         if self.image:
             height, width = obs.shape[-3] - 2, obs.shape[-2] - 2
-            patches = jnp.concatenate([obs[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], -1)
+            patches = jnp.concatenate(
+                [obs[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], -1
+            )
             x = jax.nn.relu(self.conv(patches))
             x = x.reshape(x.shape[:-3] + (-1,))
         else:
@@ -373,7 +386,12 @@ def forward_window(model: WorldModel, window: Window, key: jax.Array | None = No
     tokens, positions, mask = window_tokens(model, window)
     hidden = model.transformer(tokens, positions, mask, key)
     at_latent, at_action = hidden[:, 0::2], hidden[:, 1::2]
-    return model.policy_head(at_latent), model.value_head(at_latent), model.next_latent(at_action), model.reward_head(at_action)
+    return (
+        model.policy_head(at_latent),
+        model.value_head(at_latent),
+        model.next_latent(at_action),
+        model.reward_head(at_action),
+    )
 
 
 def last_hidden(model: WorldModel, node: SearchNode) -> jax.Array:
@@ -385,9 +403,11 @@ def last_hidden(model: WorldModel, node: SearchNode) -> jax.Array:
 
 def push_token(node: SearchNode, token: jax.Array, position: jax.Array) -> SearchNode:
     """Append a token [B, D] at `position` [B], dropping the oldest (a FIFO of fixed width)."""
-    return SearchNode(jnp.concatenate([node.tokens[:, 1:], token[:, None]], 1),
-                      jnp.concatenate([node.positions[:, 1:], position[:, None]], 1),
-                      jnp.concatenate([node.valid[:, 1:], jnp.ones_like(node.valid[:, :1])], 1))
+    return SearchNode(
+        jnp.concatenate([node.tokens[:, 1:], token[:, None]], 1),
+        jnp.concatenate([node.positions[:, 1:], position[:, None]], 1),
+        jnp.concatenate([node.valid[:, 1:], jnp.ones_like(node.valid[:, :1])], 1),
+    )
 
 
 def imagine_step(model: WorldModel, node: SearchNode, action: jax.Array):
@@ -400,8 +420,13 @@ def imagine_step(model: WorldModel, node: SearchNode, action: jax.Array):
     latent = model.next_latent(at_action)
     node = push_token(node, latent, node.positions[:, -1] + 1)
     at_latent = last_hidden(model, node)
-    return (node, logits_to_scalar(model.reward_head(at_action)), latent, model.policy_head(at_latent),
-            logits_to_scalar(model.value_head(at_latent)))
+    return (
+        node,
+        logits_to_scalar(model.reward_head(at_action)),
+        latent,
+        model.policy_head(at_latent),
+        logits_to_scalar(model.value_head(at_latent)),
+    )
 
 
 def root_node(model: WorldModel, history: History, width: int) -> SearchNode:
@@ -416,8 +441,11 @@ def root_node(model: WorldModel, history: History, width: int) -> SearchNode:
     positions = jnp.stack([2 * history.timestep, 2 * history.timestep + 1], axis=2).reshape(batch, 2 * steps)[:, :-1]
     valid = jnp.repeat(history.valid, 2, axis=1)[:, :-1]
     pad = width - (2 * steps - 1)
-    return SearchNode(jnp.pad(tokens, ((0, 0), (pad, 0), (0, 0))), jnp.pad(positions, ((0, 0), (pad, 0))),
-                      jnp.pad(valid, ((0, 0), (pad, 0))))
+    return SearchNode(
+        jnp.pad(tokens, ((0, 0), (pad, 0), (0, 0))),
+        jnp.pad(positions, ((0, 0), (pad, 0))),
+        jnp.pad(valid, ((0, 0), (pad, 0))),
+    )
 
 
 def lone_values(model: WorldModel, obs: jax.Array, timestep: jax.Array) -> jax.Array:
@@ -425,8 +453,11 @@ def lone_values(model: WorldModel, obs: jax.Array, timestep: jax.Array) -> jax.A
     obs [B, T, *obs_shape], timestep [B, T] -> values [B, T]."""
     latents = model.encoder(obs)
     batch, steps, dim = latents.shape
-    hidden = model.transformer(latents.reshape(batch * steps, 1, dim), 2 * timestep.reshape(batch * steps, 1),
-                               jnp.ones((batch * steps, 1, 1), bool))
+    hidden = model.transformer(
+        latents.reshape(batch * steps, 1, dim),
+        2 * timestep.reshape(batch * steps, 1),
+        jnp.ones((batch * steps, 1, 1), bool),
+    )
     return logits_to_scalar(model.value_head(hidden[:, 0])).reshape(batch, steps)
 
 
@@ -448,8 +479,7 @@ class Transition(NamedTuple):
     root_value: jax.Array  # [N] the search's value of the root
 
 
-@struct.dataclass
-class History:
+class History(struct.PyTreeNode):
     """The last C real steps of every env, the search root's context; leaves [N, C, ...],
     the current step last."""
 
@@ -467,8 +497,7 @@ class SearchNode(NamedTuple):
     valid: jax.Array  # [B, 2K] bool
 
 
-@struct.dataclass
-class RunnerState:
+class RunnerState(struct.PyTreeNode):
     params: nnx.State
     target_params: nnx.State  # EMA of params: latent and value targets
     opt_state: optax.OptState
@@ -488,8 +517,12 @@ class RunnerState:
 def observe(history: History, obs: jax.Array, timestep: jax.Array) -> History:
     """Shift the history one step and write the current observation [N, ...] last."""
     shift = lambda old, new: jnp.concatenate([old[:, 1:], new[:, None]], axis=1)
-    return History(shift(history.obs, obs), shift(history.action, jnp.zeros_like(history.action[:, 0])),
-                   shift(history.timestep, timestep), shift(history.valid, jnp.ones_like(history.valid[:, 0])))
+    return History(
+        shift(history.obs, obs),
+        shift(history.action, jnp.zeros_like(history.action[:, 0])),
+        shift(history.timestep, timestep),
+        shift(history.valid, jnp.ones_like(history.valid[:, 0])),
+    )
 
 
 def record_action(history: History, action: jax.Array, done: jax.Array) -> History:
@@ -597,20 +630,39 @@ def make_train(args: Args) -> UniZero:
         optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
 
     def empty_history(num: int) -> History:
-        return History(obs=jnp.zeros((num, C) + spec.obs_shape), action=jnp.zeros((num, C), jnp.int32),
-                       timestep=jnp.zeros((num, C), jnp.int32), valid=jnp.zeros((num, C), bool))
+        return History(
+            obs=jnp.zeros((num, C) + spec.obs_shape),
+            action=jnp.zeros((num, C), jnp.int32),
+            timestep=jnp.zeros((num, C), jnp.int32),
+            valid=jnp.zeros((num, C), bool),
+        )
 
     def init(key: jax.Array) -> RunnerState:
         key, model_key, env_key = jax.random.split(key, 3)
         params = nnx.split(WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(model_key)))[1]
         obs, env_state = env.reset(env_key, env_params)
-        example = Transition(obs=obs[0], action=jnp.int32(0), reward=jnp.float32(0), terminated=jnp.bool_(False),
-                             truncated=jnp.bool_(False), final_obs=obs[0], timestep=jnp.int32(0),
-                             search_policy=jnp.zeros(spec.num_actions), root_value=jnp.float32(0))
+        example = Transition(
+            obs=obs[0],
+            action=jnp.int32(0),
+            reward=jnp.float32(0),
+            terminated=jnp.bool_(False),
+            truncated=jnp.bool_(False),
+            final_obs=obs[0],
+            timestep=jnp.int32(0),
+            search_policy=jnp.zeros(spec.num_actions),
+            root_value=jnp.float32(0),
+        )
         return RunnerState(
-            params=params, target_params=params, opt_state=optimizer.init(params),
-            buffer=buffers.init(example, args.buffer_size, N), env_state=env_state, obs=obs,
-            timestep=jnp.zeros(N, jnp.int32), history=empty_history(N), key=key, env_steps=jnp.int32(0),
+            params=params,
+            target_params=params,
+            opt_state=optimizer.init(params),
+            buffer=buffers.init(example, args.buffer_size, N),
+            env_state=env_state,
+            obs=obs,
+            timestep=jnp.zeros(N, jnp.int32),
+            history=empty_history(N),
+            key=key,
+            env_steps=jnp.int32(0),
             gradient_steps=jnp.int32(0),
         )
 
@@ -621,27 +673,42 @@ def make_train(args: Args) -> UniZero:
         world = model(params)
         node = root_node(world, history, W)
         hidden = last_hidden(world, node)
-        return mctx.RootFnOutput(prior_logits=world.policy_head(hidden), value=logits_to_scalar(world.value_head(hidden)),
-                                 embedding=node)
+        return mctx.RootFnOutput(
+            prior_logits=world.policy_head(hidden), value=logits_to_scalar(world.value_head(hidden)), embedding=node
+        )
 
     def recurrent_fn(params, _key, action, node: SearchNode):
         """mctx dynamics: one imagined step from every node of the batch. No
         terminal head: every edge is discounted by gamma (LightZero's UniZero)."""
         node, reward, _, prior_logits, value = imagine_step(model(params), node, action)
-        return mctx.RecurrentFnOutput(reward=reward, discount=jnp.full(action.shape, args.gamma),
-                                      prior_logits=prior_logits, value=value), node
+        return mctx.RecurrentFnOutput(
+            reward=reward, discount=jnp.full(action.shape, args.gamma), prior_logits=prior_logits, value=value
+        ), node
 
     def search(params, history: History, key: jax.Array, explore: bool) -> mctx.PolicyOutput:
         """`explore` (collection): Gumbel noise, or Dirichlet noise and visit
         counts at `visit_temperature`; otherwise (evaluation) greedy and noise-free."""
         root = root_fn(params, history)
         if args.search_policy == "gumbel":
-            return mctx.gumbel_muzero_policy(params, key, root, recurrent_fn, args.num_simulations,
-                                             max_num_considered_actions=args.max_num_considered_actions,
-                                             gumbel_scale=1.0 if explore else 0.0)
-        return mctx.muzero_policy(params, key, root, recurrent_fn, args.num_simulations,
-                                  dirichlet_fraction=args.dirichlet_fraction if explore else 0.0,
-                                  dirichlet_alpha=args.dirichlet_alpha, temperature=args.visit_temperature if explore else 0.0)
+            return mctx.gumbel_muzero_policy(
+                params,
+                key,
+                root,
+                recurrent_fn,
+                args.num_simulations,
+                max_num_considered_actions=args.max_num_considered_actions,
+                gumbel_scale=1.0 if explore else 0.0,
+            )
+        return mctx.muzero_policy(
+            params,
+            key,
+            root,
+            recurrent_fn,
+            args.num_simulations,
+            dirichlet_fraction=args.dirichlet_fraction if explore else 0.0,
+            dirichlet_alpha=args.dirichlet_alpha,
+            temperature=args.visit_temperature if explore else 0.0,
+        )
 
     # ---- Collection ----------------------------------------------------------------------
     def collect_step(state: RunnerState, _):
@@ -649,21 +716,35 @@ def make_train(args: Args) -> UniZero:
         key, search_key, step_key = jax.random.split(state.key, 3)
         history = observe(state.history, state.obs, state.timestep)
         out = search(state.params, history, search_key, explore=True)
-        next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, state.env_state, out.action, env_params)
+        next_obs, env_state, reward, terminated, truncated, info = env.step(
+            step_key, state.env_state, out.action, env_params
+        )
         done = terminated | truncated
         transition = Transition(
-            obs=state.obs, action=out.action, reward=reward.astype(jnp.float32), terminated=terminated,
-            truncated=truncated, final_obs=info["final_observation"], timestep=state.timestep,
-            search_policy=out.action_weights, root_value=out.search_tree.summary().value,
+            obs=state.obs,
+            action=out.action,
+            reward=reward.astype(jnp.float32),
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=info["final_observation"],
+            timestep=state.timestep,
+            search_policy=out.action_weights,
+            root_value=out.search_tree.summary().value,
         )
         state = state.replace(
-            buffer=buffers.add(state.buffer, transition), env_state=env_state, obs=next_obs,
-            timestep=jnp.where(done, 0, state.timestep + 1), history=record_action(history, out.action, done), key=key,
+            buffer=buffers.add(state.buffer, transition),
+            env_state=env_state,
+            obs=next_obs,
+            timestep=jnp.where(done, 0, state.timestep + 1),
+            history=record_action(history, out.action, done),
+            key=key,
             env_steps=state.env_steps + N,
         )
         weights = out.action_weights
-        stats = {"root_value": transition.root_value.mean(),
-                 "search_entropy": -jnp.sum(weights * jnp.log(weights + 1e-12), -1).mean()}
+        stats = {
+            "root_value": transition.root_value.mean(),
+            "search_entropy": -jnp.sum(weights * jnp.log(weights + 1e-12), -1).mean(),
+        }
         return state, ({k: info[k] for k in ("episode_done", "episode_return", "episode_length")}, stats)
 
     # ---- Learning ------------------------------------------------------------------------
@@ -678,10 +759,17 @@ def make_train(args: Args) -> UniZero:
         segment = jnp.cumsum(jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), done[:, :-1].astype(jnp.int32)], 1), 1)
         ones = jnp.ones((batch, K), bool)
         rows = lambda x, start: x[:, start : start + K]
-        window_at = lambda start: Window(rows(windows.obs, start), rows(windows.action, start),
-                                         rows(windows.timestep, start), rows(segment, start), ones, ones)
+        window_at = lambda start: Window(
+            rows(windows.obs, start),
+            rows(windows.action, start),
+            rows(windows.timestep, start),
+            rows(segment, start),
+            ones,
+            ones,
+        )
         policy_logits, value_logits, next_latents, reward_logits = forward_window(
-            world, window_at(0), key if args.dropout > 0 else None)
+            world, window_at(0), key if args.dropout > 0 else None
+        )
 
         # Targets from the EMA model, no dropout, no gradient.
         latent_targets = target.encoder(rows(windows.final_obs, 0))
@@ -694,20 +782,31 @@ def make_train(args: Args) -> UniZero:
         stop = stop_rows(windows.terminated, windows.truncated, K, n)  # [B, K]
         at_stop = lambda x: jnp.take_along_axis(x, stop.reshape(stop.shape + (1,) * (x.ndim - 2)), 1)
         final_values = lone_values(target, at_stop(windows.final_obs), at_stop(windows.timestep) + 1)
-        value_targets = n_step_value_targets(windows.reward, windows.terminated, windows.truncated, window_values,
-                                             final_values, args.gamma, n)
+        value_targets = n_step_value_targets(
+            windows.reward, windows.terminated, windows.truncated, window_values, final_values, args.gamma, n
+        )
         latent_targets, value_targets = jax.lax.stop_gradient((latent_targets, value_targets))
 
         latent_loss = jnp.mean(jnp.square(next_latents - latent_targets))
-        reward_loss = jnp.mean(cross_entropy(reward_logits, scalar_to_probs(rows(windows.reward, 0), args.support_size)))
+        reward_loss = jnp.mean(
+            cross_entropy(reward_logits, scalar_to_probs(rows(windows.reward, 0), args.support_size))
+        )
         policy_loss = jnp.mean(cross_entropy(policy_logits, rows(windows.search_policy, 0)))
         value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(value_targets, args.support_size)))
-        total = (args.latent_coef * latent_loss + args.reward_coef * reward_loss + args.policy_coef * policy_loss
-                 + args.value_coef * value_loss)
+        total = (
+            args.latent_coef * latent_loss
+            + args.reward_coef * reward_loss
+            + args.policy_coef * policy_loss
+            + args.value_coef * value_loss
+        )
         log_policy = jax.nn.log_softmax(policy_logits)
         return total, {
-            "loss": total, "latent_loss": latent_loss, "reward_loss": reward_loss, "policy_loss": policy_loss,
-            "value_loss": value_loss, "value_target": value_targets.mean(),
+            "loss": total,
+            "latent_loss": latent_loss,
+            "reward_loss": reward_loss,
+            "policy_loss": policy_loss,
+            "value_loss": value_loss,
+            "value_target": value_targets.mean(),
             "value_prediction": logits_to_scalar(value_logits).mean(),
             "policy_entropy": -jnp.mean(jnp.sum(jnp.exp(log_policy) * log_policy, -1)),
         }
@@ -721,8 +820,13 @@ def make_train(args: Args) -> UniZero:
         params = optax.apply_updates(state.params, updates)
         rate = args.target_update_rate
         target_params = jax.tree.map(lambda t, p: (1 - rate) * t + rate * p, state.target_params, params)
-        state = state.replace(params=params, target_params=target_params, opt_state=opt_state, key=key,
-                              gradient_steps=state.gradient_steps + 1)
+        state = state.replace(
+            params=params,
+            target_params=target_params,
+            opt_state=opt_state,
+            key=key,
+            gradient_steps=state.gradient_steps + 1,
+        )
         return state, {**stats, "grad_norm": optax.tree.norm(grads)}
 
     def update(state: RunnerState):
@@ -768,8 +872,16 @@ def make_train(args: Args) -> UniZero:
             done = terminated | truncated
             newly = info["episode_done"] & ~finished
             returns = jnp.where(newly, info["episode_return"], returns)
-            return (obs, env_state, jnp.where(done, 0, timestep + 1), record_action(history, action, done), key,
-                    finished | newly, returns, t + 1)
+            return (
+                obs,
+                env_state,
+                jnp.where(done, 0, timestep + 1),
+                record_action(history, action, done),
+                key,
+                finished | newly,
+                returns,
+                t + 1,
+            )
 
         def keep_going(carry):
             return ~jnp.all(carry[5]) & (carry[7] < spec.max_episode_steps + 1)
@@ -777,8 +889,9 @@ def make_train(args: Args) -> UniZero:
         carry = (obs, env_state, jnp.zeros(E, jnp.int32), empty_history(E), key, jnp.zeros(E, bool), jnp.zeros(E), 0)
         return jax.lax.while_loop(keep_going, body, carry)[6]
 
-    return UniZero(init, update, train, evaluate, root_fn, recurrent_fn, search, loss_fn, collect_step, learn, graphdef,
-                   spec)
+    return UniZero(
+        init, update, train, evaluate, root_fn, recurrent_fn, search, loss_fn, collect_step, learn, graphdef, spec
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -790,8 +903,16 @@ def main(args: Args) -> runner.RunResult:
     evaluate greedily with the search."""
     args = runner.prepare(args, "unizero")  # resume, run-root and cache checks, before anything is built
     algo = make_train(args)
-    return runner.run(args, "unizero", algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
-                      steps_per_update=args.steps_per_update, eval_every=args.eval_every)
+    return runner.run(
+        args,
+        "unizero",
+        algo.init,
+        algo.update,
+        algo.evaluate,
+        num_updates=args.num_updates,
+        steps_per_update=args.steps_per_update,
+        eval_every=args.eval_every,
+    )
 
 
 if __name__ == "__main__":

@@ -173,14 +173,19 @@ class Args:
                 f"are cut into whole chunks); accepted: a multiple of {self.num_unroll_steps}"
             )
         if self.embed_dim % (2 * self.num_heads):
-            raise ValueError(f"embed_dim={self.embed_dim} does not split into num_heads={self.num_heads} heads of even "
-                             f"size; accepted: a multiple of 2 * num_heads = {2 * self.num_heads}")
+            raise ValueError(
+                f"embed_dim={self.embed_dim} does not split into num_heads={self.num_heads} heads of even "
+                f"size; accepted: a multiple of 2 * num_heads = {2 * self.num_heads}"
+            )
         if self.support_size % 2 == 0:
-            raise ValueError(f"support_size={self.support_size} is even; accepted: an odd number >= 3 "
-                             "(the support is centred on 0)")
+            raise ValueError(
+                f"support_size={self.support_size} is even; accepted: an odd number >= 3 (the support is centred on 0)"
+            )
         if self.update_epochs > 0 and self.num_minibatches > self.num_windows:
-            raise ValueError(f"num_minibatches={self.num_minibatches} exceeds the {self.num_windows} "
-                             f"{self.num_unroll_steps}-step windows a phase collects; accepted: in [1, {self.num_windows}]")
+            raise ValueError(
+                f"num_minibatches={self.num_minibatches} exceeds the {self.num_windows} "
+                f"{self.num_unroll_steps}-step windows a phase collects; accepted: in [1, {self.num_windows}]"
+            )
         if self.num_updates < 1:
             raise ValueError(
                 f"total_timesteps={self.total_timesteps} is less than one rollout (num_envs * num_steps = "
@@ -229,9 +234,10 @@ def two_hot(y: jax.Array, support_size: int) -> jax.Array:
     low = jnp.floor(y)
     upper_weight = y - low
     index = (low + half).astype(jnp.int32)
-    return jax.nn.one_hot(index, support_size) * (1.0 - upper_weight)[..., None] + jax.nn.one_hot(
-        jnp.minimum(index + 1, support_size - 1), support_size
-    ) * upper_weight[..., None]
+    return (
+        jax.nn.one_hot(index, support_size) * (1.0 - upper_weight)[..., None]
+        + jax.nn.one_hot(jnp.minimum(index + 1, support_size - 1), support_size) * upper_weight[..., None]
+    )
 
 
 def scalar_to_probs(x: jax.Array, support_size: int) -> jax.Array:
@@ -251,7 +257,9 @@ def rope(x: jax.Array, positions: jax.Array, theta: float = 1e4) -> jax.Array:
     freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
     angles = positions[..., None, None].astype(jnp.float32) * freqs  # [B, T, 1, half]
     x1, x2 = x[..., :half], x[..., half:]
-    return jnp.concatenate([x1 * jnp.cos(angles) - x2 * jnp.sin(angles), x1 * jnp.sin(angles) + x2 * jnp.cos(angles)], -1)
+    return jnp.concatenate(
+        [x1 * jnp.cos(angles) - x2 * jnp.sin(angles), x1 * jnp.sin(angles) + x2 * jnp.cos(angles)], -1
+    )
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -277,7 +285,9 @@ class Block(nnx.Module):
         `key` turns dropout on (training)."""
         keys = [None] * 3 if key is None else list(jax.random.split(key, 3))
         batch, length, dim = x.shape
-        q, k, v = jnp.split(self.qkv(self.norm1(x)).reshape(batch, length, 3 * self.heads, dim // self.heads), 3, axis=2)
+        q, k, v = jnp.split(
+            self.qkv(self.norm1(x)).reshape(batch, length, 3 * self.heads, dim // self.heads), 3, axis=2
+        )
         q, k = rope(q, positions), rope(k, positions)
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dim // self.heads)
         scores = jnp.where(mask[:, None], scores, -1e30)
@@ -289,8 +299,11 @@ class Block(nnx.Module):
 
 def head(dim: int, out: int, rngs: nnx.Rngs) -> nnx.Sequential:
     """Linear -> GELU -> Linear with a zero-initialised output layer (LightZero's heads)."""
-    return nnx.Sequential(nnx.Linear(dim, dim, rngs=rngs), jax.nn.gelu,
-                          nnx.Linear(dim, out, kernel_init=nnx.initializers.zeros_init(), rngs=rngs))
+    return nnx.Sequential(
+        nnx.Linear(dim, dim, rngs=rngs),
+        jax.nn.gelu,
+        nnx.Linear(dim, out, kernel_init=nnx.initializers.zeros_init(), rngs=rngs),
+    )
 
 
 class Encoder(nnx.Module):
@@ -314,7 +327,9 @@ class Encoder(nnx.Module):
     def __call__(self, obs: jax.Array) -> jax.Array:
         if self.image:
             height, width = obs.shape[-3] - 2, obs.shape[-2] - 2
-            patches = jnp.concatenate([obs[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], -1)
+            patches = jnp.concatenate(
+                [obs[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], -1
+            )
             x = jax.nn.relu(self.conv(patches))
             x = x.reshape(x.shape[:-3] + (-1,))
         else:
@@ -393,8 +408,12 @@ def forward_window(model: WorldModel, window: Window, key: jax.Array | None = No
     hidden = model.transformer(tokens, positions, mask, key)
     at_latent, at_action = hidden[:, 0::2], hidden[:, 1::2]
     features = jax.lax.stop_gradient(at_latent) if heads_only else at_latent
-    return (model.policy_head(features), model.value_head(features), model.next_latent(at_action),
-            model.reward_head(at_action))
+    return (
+        model.policy_head(features),
+        model.value_head(features),
+        model.next_latent(at_action),
+        model.reward_head(at_action),
+    )
 
 
 def last_hidden(model: WorldModel, node: SearchNode) -> jax.Array:
@@ -406,9 +425,11 @@ def last_hidden(model: WorldModel, node: SearchNode) -> jax.Array:
 
 def push_token(node: SearchNode, token: jax.Array, position: jax.Array) -> SearchNode:
     """Append a token [B, D] at `position` [B], dropping the oldest (a FIFO of fixed width)."""
-    return SearchNode(jnp.concatenate([node.tokens[:, 1:], token[:, None]], 1),
-                      jnp.concatenate([node.positions[:, 1:], position[:, None]], 1),
-                      jnp.concatenate([node.valid[:, 1:], jnp.ones_like(node.valid[:, :1])], 1))
+    return SearchNode(
+        jnp.concatenate([node.tokens[:, 1:], token[:, None]], 1),
+        jnp.concatenate([node.positions[:, 1:], position[:, None]], 1),
+        jnp.concatenate([node.valid[:, 1:], jnp.ones_like(node.valid[:, :1])], 1),
+    )
 
 
 def imagine_step(model: WorldModel, node: SearchNode, action: jax.Array):
@@ -421,8 +442,13 @@ def imagine_step(model: WorldModel, node: SearchNode, action: jax.Array):
     latent = model.next_latent(at_action)
     node = push_token(node, latent, node.positions[:, -1] + 1)
     at_latent = last_hidden(model, node)
-    return (node, logits_to_scalar(model.reward_head(at_action)), latent, model.policy_head(at_latent),
-            logits_to_scalar(model.value_head(at_latent)))
+    return (
+        node,
+        logits_to_scalar(model.reward_head(at_action)),
+        latent,
+        model.policy_head(at_latent),
+        logits_to_scalar(model.value_head(at_latent)),
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -446,8 +472,7 @@ class Transition(NamedTuple):
     episode_length: jax.Array  # [N]
 
 
-@struct.dataclass
-class Context:
+class Context(struct.PyTreeNode):
     """The current chunk of every env during collection; leaves [N, K, ...]."""
 
     obs: jax.Array
@@ -464,8 +489,7 @@ class SearchNode(NamedTuple):
     valid: jax.Array  # [B, 2K] bool
 
 
-@struct.dataclass
-class RunnerState:
+class RunnerState(struct.PyTreeNode):
     params: nnx.State
     target_encoder: nnx.State  # EMA of the encoder: latent targets
     opt_state: optax.OptState
@@ -570,7 +594,8 @@ def minibatch_indices(args: Args, key: jax.Array) -> jax.Array:
     if args.update_epochs > 0:
         size = args.num_windows // args.num_minibatches
         permutations = jax.vmap(lambda k: jax.random.permutation(k, args.num_windows))(
-            jax.random.split(key, args.update_epochs))
+            jax.random.split(key, args.update_epochs)
+        )
         return permutations[:, : size * args.num_minibatches].reshape(args.gradient_steps, size)
     return jax.random.randint(key, (args.gradient_steps, args.batch_size), 0, args.num_windows)
 
@@ -592,30 +617,48 @@ def make_train(args: Args) -> UniZeroPPO:
     decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
     # --anneal-lr: linear decay to 0 over the run's optimizer steps, as CleanRL's and PureJaxRL's PPO.
     total_steps = args.num_updates * args.gradient_steps
-    learning_rate = optax.linear_schedule(args.learning_rate, 0.0, total_steps) if args.anneal_lr else args.learning_rate
+    learning_rate = (
+        optax.linear_schedule(args.learning_rate, 0.0, total_steps) if args.anneal_lr else args.learning_rate
+    )
     optimizer = optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask)
     if args.max_grad_norm > 0:  # 0 turns clipping off
         optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
 
     def empty_context(n):
-        return Context(obs=jnp.zeros((n, K) + spec.obs_shape), action=jnp.zeros((n, K), jnp.int32),
-                       timestep=jnp.zeros((n, K), jnp.int32), valid=jnp.zeros((n, K), bool))
+        return Context(
+            obs=jnp.zeros((n, K) + spec.obs_shape),
+            action=jnp.zeros((n, K), jnp.int32),
+            timestep=jnp.zeros((n, K), jnp.int32),
+            valid=jnp.zeros((n, K), bool),
+        )
 
     def init(key: jax.Array) -> RunnerState:
         key, model_key, env_key = jax.random.split(key, 3)
         params = nnx.split(WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(model_key)))[1]
         obs, env_state = env.reset(env_key, env_params)
         return RunnerState(
-            params=params, target_encoder=params["encoder"], opt_state=optimizer.init(params), env_state=env_state,
-            obs=obs, timestep=jnp.zeros(N, jnp.int32), context=empty_context(N), key=key,
+            params=params,
+            target_encoder=params["encoder"],
+            opt_state=optimizer.init(params),
+            env_state=env_state,
+            obs=obs,
+            timestep=jnp.zeros(N, jnp.int32),
+            context=empty_context(N),
+            key=key,
             update_step=jnp.int32(0),
         )
 
     def policy_at(params, context: Context, slot: jax.Array):
         """Policy logits [n, A] and value [n] at chunk slot `slot`, from the
         tokens of this chunk so far (latents up to the slot, actions before it)."""
-        window = Window(context.obs, context.action, context.timestep, jnp.zeros_like(context.timestep),
-                        context.valid, context.valid & (jnp.arange(K) < slot))
+        window = Window(
+            context.obs,
+            context.action,
+            context.timestep,
+            jnp.zeros_like(context.timestep),
+            context.valid,
+            context.valid & (jnp.arange(K) < slot),
+        )
         logits, value_logits, _, _ = forward_window(model(params), window)
         return logits[:, slot], logits_to_scalar(value_logits[:, slot])
 
@@ -637,26 +680,44 @@ def make_train(args: Args) -> UniZeroPPO:
         logits, value = policy_at(params, context, slot)
         log_probs = tempered_log_probs(logits, args.sampling_temperature)
         action = jax.random.categorical(action_key, log_probs)
-        next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, state.env_state, action, env_params)
+        next_obs, env_state, reward, terminated, truncated, info = env.step(
+            step_key, state.env_state, action, env_params
+        )
         context = context.replace(action=jnp.where((jnp.arange(K) == slot)[None], action[:, None], context.action))
 
         # V of the true next state under the policy's own context rule: the same
         # chunk if it goes on, a fresh chunk if this step ended it.
         next_slot = (slot + 1) % K
         base = jax.tree.map(lambda c, e: jnp.where(next_slot == 0, e, c), context, empty_context(N))
-        _, next_value = policy_at(params, place(base, next_slot, info["final_observation"], state.timestep + 1), next_slot)
+        _, next_value = policy_at(
+            params, place(base, next_slot, info["final_observation"], state.timestep + 1), next_slot
+        )
 
         done = terminated | truncated
         fresh = done[:, None] | (next_slot == 0)
         next_context = context.replace(valid=context.valid & ~fresh)
         transition = Transition(
-            obs=state.obs, action=action, log_prob=jnp.take_along_axis(log_probs, action[:, None], 1)[:, 0],
-            value=value, next_value=next_value, reward=reward, terminated=terminated, truncated=truncated,
-            final_obs=info["final_observation"], timestep=state.timestep, episode_done=info["episode_done"],
-            episode_return=info["episode_return"], episode_length=info["episode_length"],
+            obs=state.obs,
+            action=action,
+            log_prob=jnp.take_along_axis(log_probs, action[:, None], 1)[:, 0],
+            value=value,
+            next_value=next_value,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=info["final_observation"],
+            timestep=state.timestep,
+            episode_done=info["episode_done"],
+            episode_return=info["episode_return"],
+            episode_length=info["episode_length"],
         )
-        state = state.replace(env_state=env_state, obs=next_obs, timestep=jnp.where(done, 0, state.timestep + 1),
-                              context=next_context, key=key)
+        state = state.replace(
+            env_state=env_state,
+            obs=next_obs,
+            timestep=jnp.where(done, 0, state.timestep + 1),
+            context=next_context,
+            key=key,
+        )
         return (state, params), transition
 
     def collect(state: RunnerState):
@@ -674,14 +735,22 @@ def make_train(args: Args) -> UniZeroPPO:
         segment = jnp.cumsum(starts.astype(jnp.int32), axis=1)
         ones = jnp.ones(starts.shape, bool)
         window = Window(to_windows(traj.obs), to_windows(traj.action), to_windows(traj.timestep), segment, ones, ones)
-        return Batch(window, to_windows(traj.log_prob), to_windows(advantages), to_windows(returns),
-                     to_windows(traj.reward), to_windows(traj.final_obs), to_windows(traj.value))
+        return Batch(
+            window,
+            to_windows(traj.log_prob),
+            to_windows(advantages),
+            to_windows(returns),
+            to_windows(traj.reward),
+            to_windows(traj.final_obs),
+            to_windows(traj.value),
+        )
 
     def loss_fn(params, target_encoder, batch: Batch, key):
         """The world-model losses and the PPO terms on windows [B, K]."""
         world = model(params)
         logits, value_logits, next_latents, reward_logits = forward_window(
-            world, batch.window, key if args.dropout > 0 else None, heads_only=args.ppo_heads_only)
+            world, batch.window, key if args.dropout > 0 else None, heads_only=args.ppo_heads_only
+        )
         target_latents = jax.lax.stop_gradient(nnx.merge(nnx.graphdef(world.encoder), target_encoder)(batch.final_obs))
         latent_loss = jnp.mean(jnp.square(next_latents - target_latents))
         reward_loss = jnp.mean(cross_entropy(reward_logits, scalar_to_probs(batch.reward, args.support_size)))
@@ -691,12 +760,23 @@ def make_train(args: Args) -> UniZeroPPO:
         surrogate, ratio = ppo_surrogate(new_log_prob, batch.log_prob, batch.advantage, args.clip_coef)
         policy_loss = surrogate.mean()
         entropy = -jnp.mean(jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1))
-        total = (args.latent_coef * latent_loss + args.reward_coef * reward_loss + args.policy_coef * policy_loss
-                 + args.value_coef * value_loss - args.ent_coef * entropy)
+        total = (
+            args.latent_coef * latent_loss
+            + args.reward_coef * reward_loss
+            + args.policy_coef * policy_loss
+            + args.value_coef * value_loss
+            - args.ent_coef * entropy
+        )
         log_ratio = new_log_prob - batch.log_prob
         return total, {
-            "loss": total, "latent_loss": latent_loss, "reward_loss": reward_loss, "policy_loss": policy_loss,
-            "value_loss": value_loss, "entropy": entropy, "ratio_mean": ratio.mean(), "ratio_max": ratio.max(),
+            "loss": total,
+            "latent_loss": latent_loss,
+            "reward_loss": reward_loss,
+            "policy_loss": policy_loss,
+            "value_loss": value_loss,
+            "entropy": entropy,
+            "ratio_mean": ratio.mean(),
+            "ratio_max": ratio.max(),
             "ratio_max_deviation": jnp.abs(ratio - 1.0).max(),
             "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
             "clip_fraction": jnp.mean(jnp.abs(ratio - 1.0) > args.clip_coef),
@@ -707,11 +787,14 @@ def make_train(args: Args) -> UniZeroPPO:
         replay_ratio x new-transitions gradient steps on windows drawn from this
         phase's data only (then it is discarded: the buffer is cleared)."""
         state, traj = collect(state)
-        advantages, returns = compute_gae(traj.reward, traj.value, traj.next_value, traj.terminated, traj.truncated,
-                                          args.gamma, args.gae_lambda)
+        advantages, returns = compute_gae(
+            traj.reward, traj.value, traj.next_value, traj.terminated, traj.truncated, args.gamma, args.gae_lambda
+        )
         # return = advantage + value is fixed before any normalisation; the surrogate then sees
         # advantages normalised over the whole rollout (not per minibatch) when --norm-adv-rollout is on.
-        policy_advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8) if args.norm_adv_rollout else advantages
+        policy_advantages = (
+            (advantages - advantages.mean()) / (advantages.std() + 1e-8) if args.norm_adv_rollout else advantages
+        )
         batch = make_windows(traj, policy_advantages, returns)
         key, update_key, index_key = jax.random.split(state.key, 3)
         indices = minibatch_indices(args, index_key)
@@ -723,36 +806,50 @@ def make_train(args: Args) -> UniZeroPPO:
             grads, stats = jax.grad(loss_fn, has_aux=True)(params, target_encoder, minibatch, dropout_key)
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
-            new_target = jax.tree.map(lambda t, p: (1 - args.target_update_rate) * t + args.target_update_rate * p,
-                                      target_encoder, new_params["encoder"])
+            new_target = jax.tree.map(
+                lambda t, p: (1 - args.target_update_rate) * t + args.target_update_rate * p,
+                target_encoder,
+                new_params["encoder"],
+            )
             keep = ~stopped
             params, opt_state, target_encoder = jax.tree.map(
-                lambda n, o: jnp.where(keep, n, o), (new_params, new_opt_state, new_target), (params, opt_state, target_encoder)
+                lambda n, o: jnp.where(keep, n, o),
+                (new_params, new_opt_state, new_target),
+                (params, opt_state, target_encoder),
             )
             if args.target_kl > 0:
                 stopped = stopped | (stats["approx_kl"] > args.target_kl)
             return (params, target_encoder, opt_state, stopped), (stats, keep)
 
         (params, target_encoder, opt_state, _), (stats, executed) = jax.lax.scan(
-            gradient_step, (state.params, state.target_encoder, state.opt_state, jnp.bool_(False)),
+            gradient_step,
+            (state.params, state.target_encoder, state.opt_state, jnp.bool_(False)),
             (indices, jax.random.split(update_key, args.gradient_steps)),
         )
         weights = executed.astype(jnp.float32)
         # On the phase's first batch the policy is the one that collected: |ratio - 1| ~ 0 (seed bug 4).
         first_deviation = stats.pop("ratio_max_deviation")[0]
         stats = jax.tree.map(lambda x: jnp.sum(x * weights) / weights.sum(), stats)
-        state = state.replace(params=params, target_encoder=target_encoder, opt_state=opt_state, key=key,
-                              update_step=state.update_step + 1)
+        state = state.replace(
+            params=params,
+            target_encoder=target_encoder,
+            opt_state=opt_state,
+            key=key,
+            update_step=state.update_step + 1,
+        )
         done = traj.episode_done
         values, explained = batch.value.reshape(-1), batch.target_return.reshape(-1)
         metrics = {
-            **envs.episode_metrics({"episode_done": done, "episode_return": traj.episode_return,
-                                    "episode_length": traj.episode_length}),
+            **envs.episode_metrics(
+                {"episode_done": done, "episode_return": traj.episode_return, "episode_length": traj.episode_length}
+            ),
             **stats,
             "first_ratio_max_deviation": first_deviation,
             "gradient_steps_run": weights.sum(),
-            "advantage_mean": advantages.mean(), "advantage_std": advantages.std(),
-            "return_mean": returns.mean(), "return_std": returns.std(),
+            "advantage_mean": advantages.mean(),
+            "advantage_std": advantages.std(),
+            "return_mean": returns.mean(),
+            "return_std": returns.std(),
             "explained_variance": 1.0 - jnp.var(explained - values) / (jnp.var(explained) + 1e-8),
         }
         return state, metrics
@@ -780,7 +877,16 @@ def make_train(args: Args) -> UniZeroPPO:
             context = context.replace(valid=context.valid & ~fresh)
             newly = info["episode_done"] & ~finished
             returns = jnp.where(newly, info["episode_return"], returns)
-            return (obs, env_state, jnp.where(done, 0, timestep + 1), context, step_index + 1, key, finished | newly, returns)
+            return (
+                obs,
+                env_state,
+                jnp.where(done, 0, timestep + 1),
+                context,
+                step_index + 1,
+                key,
+                finished | newly,
+                returns,
+            )
 
         def keep_going(carry):
             return ~jnp.all(carry[6]) & (carry[4] < spec.max_episode_steps + 1)
@@ -798,14 +904,21 @@ def make_train(args: Args) -> UniZeroPPO:
     def recurrent_fn(params, _key, action, node: SearchNode):
         """mctx dynamics: one imagined step from every node of the batch."""
         node, reward, _, prior_logits, value = imagine_step(model(params), node, action)
-        return mctx.RecurrentFnOutput(reward=reward, discount=jnp.full(action.shape, args.search_discount),
-                                      prior_logits=prior_logits, value=value), node
+        return mctx.RecurrentFnOutput(
+            reward=reward, discount=jnp.full(action.shape, args.search_discount), prior_logits=prior_logits, value=value
+        ), node
 
     def root_from_context(params, context: Context, slot):
         """The real chunk so far as the root's token window (left-padded to W)."""
         world = model(params)
-        window = Window(context.obs, context.action, context.timestep, jnp.zeros_like(context.timestep),
-                        context.valid, context.valid & (jnp.arange(K) < slot))
+        window = Window(
+            context.obs,
+            context.action,
+            context.timestep,
+            jnp.zeros_like(context.timestep),
+            context.valid,
+            context.valid & (jnp.arange(K) < slot),
+        )
         tokens, positions, _ = window_tokens(world, window)
         valid = jnp.stack([window.obs_valid, window.action_valid], 2).reshape(tokens.shape[0], W)
         # Move the tokens up to and including the current latent (index 2 slot) to the end.
@@ -814,8 +927,9 @@ def make_train(args: Args) -> UniZeroPPO:
         keep = jnp.arange(W) >= shift
         node = SearchNode(roll(tokens), roll(positions), roll(valid) & keep[None])
         hidden = last_hidden(world, node)
-        return mctx.RootFnOutput(prior_logits=world.policy_head(hidden), value=logits_to_scalar(world.value_head(hidden)),
-                                 embedding=node)
+        return mctx.RootFnOutput(
+            prior_logits=world.policy_head(hidden), value=logits_to_scalar(world.value_head(hidden)), embedding=node
+        )
 
     def evaluate_search(state: RunnerState, key: jax.Array) -> jax.Array:
         """Gumbel MuZero search (mctx) with `eval_search` simulations, greedy
@@ -823,8 +937,9 @@ def make_train(args: Args) -> UniZeroPPO:
 
         def choose(context, slot, key):
             root = root_from_context(state.params, context, slot)
-            out = mctx.gumbel_muzero_policy(state.params, key, root, recurrent_fn, num_simulations=args.eval_search,
-                                            gumbel_scale=0.0)
+            out = mctx.gumbel_muzero_policy(
+                state.params, key, root, recurrent_fn, num_simulations=args.eval_search, gumbel_scale=0.0
+            )
             return out.action
 
         return play(state, key, choose)
@@ -840,16 +955,33 @@ def main(args: Args) -> runner.RunResult:
     then evaluate the pure policy greedily and, with --eval-search, with search."""
     args = runner.prepare(args, "unizero_ppo")  # resume, run-root and cache checks, before anything is built
     algo = make_train(args)
-    result = runner.run(args, "unizero_ppo", algo.init, algo.update, algo.evaluate, num_updates=args.num_updates,
-                        steps_per_update=args.batch_steps, eval_every=args.eval_every)
+    result = runner.run(
+        args,
+        "unizero_ppo",
+        algo.init,
+        algo.update,
+        algo.evaluate,
+        num_updates=args.num_updates,
+        steps_per_update=args.batch_steps,
+        eval_every=args.eval_every,
+    )
     if args.eval_search:
         seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
-        evaluate = jax.jit(jax.vmap(lambda s, seed: algo.evaluate_search(s, jax.random.fold_in(jax.random.key(seed), 1))))
+        evaluate = jax.jit(
+            jax.vmap(lambda s, seed: algo.evaluate_search(s, jax.random.fold_in(jax.random.key(seed), 1)))
+        )
         returns = np.asarray(evaluate(result.state, seeds))
-        print(f"with {args.eval_search}-simulation Gumbel search: {returns.mean():.2f} +- {returns.std():.2f} "
-              f"(pure policy: {result.eval_returns.mean():.2f})", flush=True)
-        (Path(result.run_dir) / "eval_search.json").write_text(json.dumps(
-            {"num_simulations": args.eval_search, "returns": returns.tolist(), "mean": float(returns.mean())}, indent=2))
+        print(
+            f"with {args.eval_search}-simulation Gumbel search: {returns.mean():.2f} +- {returns.std():.2f} "
+            f"(pure policy: {result.eval_returns.mean():.2f})",
+            flush=True,
+        )
+        (Path(result.run_dir) / "eval_search.json").write_text(
+            json.dumps(
+                {"num_simulations": args.eval_search, "returns": returns.tolist(), "mean": float(returns.mean())},
+                indent=2,
+            )
+        )
     return result
 
 

@@ -31,9 +31,10 @@ import json
 import math
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
 import jax
@@ -46,7 +47,8 @@ from jaxzoo import checkpoint, cli, envs, logger, pixels, runner
 from jaxzoo.checks import AtLeastOne, NonNegative, Positive, Range, check_fields
 from jaxzoo.layers import StridedConv, StridedConvTranspose
 
-STAGES = ("collect", "vae", "mdn", "controller")
+Stage_ = Literal["collect", "vae", "mdn", "controller"]
+STAGES: tuple[Stage_, ...] = ("collect", "vae", "mdn", "controller")
 HOST_ENVS = ("CarRacing-v3",)  # gymnasium envs stepped on the host (box2d)
 
 
@@ -87,7 +89,7 @@ class Args:
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
 
     # algorithm-specific
-    stages: tuple[Literal["collect", "vae", "mdn", "controller"], ...] = STAGES
+    stages: tuple[Stage_, ...] = STAGES
     """stages run by this command, in pipeline order; earlier stages' outputs come from --source-run"""
     source_run: str | None = None
     """run directory holding the finished stages this command does not run (their last checkpoints)"""
@@ -152,11 +154,14 @@ class Args:
         check_fields(self)
         if self.env_id not in (*pixels.RENDERERS, *HOST_ENVS):
             accepted = (*pixels.RENDERERS, *HOST_ENVS)
-            raise ValueError(f"env_id {self.env_id!r} is not supported{envs.did_you_mean(self.env_id, accepted)}; "
-                             f"accepted: {', '.join(accepted)}")
+            raise ValueError(
+                f"env_id {self.env_id!r} is not supported{envs.did_you_mean(self.env_id, accepted)}; "
+                f"accepted: {', '.join(accepted)}"
+            )
         if self.image_size not in DECODER_KERNELS:
-            raise ValueError(f"image_size={self.image_size} is not supported; accepted: one of "
-                             f"{sorted(DECODER_KERNELS)}")
+            raise ValueError(
+                f"image_size={self.image_size} is not supported; accepted: one of {sorted(DECODER_KERNELS)}"
+            )
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown or not self.stages:
             raise ValueError(f"stages {list(self.stages)} are not a non-empty subset of {list(STAGES)}")
@@ -165,12 +170,16 @@ class Args:
         if self.controller_env not in ("real", "dream"):
             raise ValueError(f"controller_env must be 'real' or 'dream', got {self.controller_env!r}")
         if self.controller_env == "dream" and not (self.predict_done and self.predict_reward):
-            raise ValueError("controller_env='dream' needs M's reward and done heads: set predict_reward and "
-                             f"predict_done (got predict_reward={self.predict_reward}, predict_done={self.predict_done})")
+            raise ValueError(
+                "controller_env='dream' needs M's reward and done heads: set predict_reward and "
+                f"predict_done (got predict_reward={self.predict_reward}, predict_done={self.predict_done})"
+            )
         if self.mdn_batch_size > self.num_rollouts:
-            raise ValueError(f"mdn_batch_size={self.mdn_batch_size} exceeds the {self.num_rollouts} rollouts "
-                             f"(total_timesteps={self.total_timesteps} // rollout_steps={self.rollout_steps}); "
-                             "accepted: mdn_batch_size <= total_timesteps // rollout_steps")
+            raise ValueError(
+                f"mdn_batch_size={self.mdn_batch_size} exceeds the {self.num_rollouts} rollouts "
+                f"(total_timesteps={self.total_timesteps} // rollout_steps={self.rollout_steps}); "
+                "accepted: mdn_batch_size <= total_timesteps // rollout_steps"
+            )
         if self.env_id in HOST_ENVS and self.num_seeds != 1:
             raise ValueError(f"{self.env_id} runs on the host: num_seeds must be 1, got {self.num_seeds}")
 
@@ -212,14 +221,19 @@ class VAE(nnx.Module):
     def __init__(self, image_shape: tuple[int, int, int], depth: int, z_size: int, rngs: nnx.Rngs):
         kernels = DECODER_KERNELS[image_shape[0]]
         widths = [depth * 2**i for i in range(len(kernels))]
-        self.convs = nnx.List([StridedConv(c_in, c_out, 4, rngs)
-                               for c_in, c_out in zip([image_shape[2]] + widths[:-1], widths)])
+        self.convs = nnx.List(
+            [StridedConv(c_in, c_out, 4, rngs) for c_in, c_out in zip([image_shape[2]] + widths[:-1], widths)]
+        )
         self.flat = 4 * widths[-1]
         self.to_latent = nnx.Linear(self.flat, 2 * z_size, rngs=rngs)
         self.from_latent = nnx.Linear(z_size, self.flat, rngs=rngs)
         out_widths = widths[::-1][1:] + [image_shape[2]]
-        self.deconvs = nnx.List([StridedConvTranspose(c_in, c_out, k, rngs)
-                                 for c_in, c_out, k in zip([self.flat] + out_widths[:-1], out_widths, kernels)])
+        self.deconvs = nnx.List(
+            [
+                StridedConvTranspose(c_in, c_out, k, rngs)
+                for c_in, c_out, k in zip([self.flat] + out_widths[:-1], out_widths, kernels)
+            ]
+        )
         self.image_shape = image_shape
 
     def encode(self, frames: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -297,8 +311,7 @@ class Params(NamedTuple):
     mdn: nnx.State
 
 
-@struct.dataclass
-class Rollouts:
+class Rollouts(struct.PyTreeNode):
     """Stage 1's output: N random-policy episodes from their reset, cut at T steps."""
 
     frames: jax.Array  # [N, T + 1, S, S, C] uint8; frame t is seen before action t
@@ -308,8 +321,7 @@ class Rollouts:
     valid: jax.Array  # [N, T] bool: step t happened (within the episode)
 
 
-@struct.dataclass
-class TrainState:
+class TrainState(struct.PyTreeNode):
     """V's or M's stage state: what a checkpoint holds."""
 
     params: Params  # V's and M's parameters (only one of them changes in a stage)
@@ -317,8 +329,7 @@ class TrainState:
     key: jax.Array
 
 
-@struct.dataclass
-class CMAState:
+class CMAState(struct.PyTreeNode):
     """CMA-ES search distribution N(mean, sigma^2 C) over P controller parameters (Hansen 2016)."""
 
     mean: jax.Array  # [P]
@@ -331,8 +342,7 @@ class CMAState:
     generation: jax.Array  # []
 
 
-@struct.dataclass
-class ControllerState:
+class ControllerState(struct.PyTreeNode):
     cma: CMAState
     key: jax.Array
     best_params: jax.Array  # [P] best candidate seen
@@ -360,8 +370,12 @@ def vae_loss(vae: VAE, frames: jax.Array, key: jax.Array, kl_weight: float, free
     kl = gaussian_kl_to_standard(mean, log_var).sum(-1)  # [B]
     kl_loss = jnp.maximum(kl, free_bits * mean.shape[-1]).mean()
     loss = reconstruction_loss + kl_weight * kl_loss
-    return loss, {"vae_loss": loss, "reconstruction_loss": reconstruction_loss, "kl": kl.mean(),
-                  "pixel_mae": jnp.abs(reconstruction - frames).mean()}
+    return loss, {
+        "vae_loss": loss,
+        "reconstruction_loss": reconstruction_loss,
+        "kl": kl.mean(),
+        "pixel_mae": jnp.abs(reconstruction - frames).mean(),
+    }
 
 
 def mdn_log_prob(target: jax.Array, logits: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
@@ -458,13 +472,15 @@ def cma_tell(state: CMAState, candidates: jax.Array, fitness: jax.Array) -> CMAS
     norm = jnp.linalg.norm(path_sigma)
     sigma = state.sigma * jnp.exp((c_sigma / d_sigma) * (norm / expected_norm - 1.0))  # eq. 44
     generation = state.generation + 1
-    h_sigma = (norm / jnp.sqrt(1.0 - (1.0 - c_sigma) ** (2.0 * generation))
-               < (1.4 + 2.0 / (n + 1.0)) * expected_norm).astype(jnp.float32)
+    h_sigma = (
+        norm / jnp.sqrt(1.0 - (1.0 - c_sigma) ** (2.0 * generation)) < (1.4 + 2.0 / (n + 1.0)) * expected_norm
+    ).astype(jnp.float32)
     path_c = (1.0 - c_c) * state.path_c + h_sigma * jnp.sqrt(c_c * (2.0 - c_c) * mu_eff) * y_w  # eq. 45
     delta = (1.0 - h_sigma) * c_c * (2.0 - c_c)
     rank_mu = (y.T * weights) @ y  # sum_i w_i y_i y_i^T
-    cov = ((1.0 - c_1 - c_mu) * state.cov + c_1 * (jnp.outer(path_c, path_c) + delta * state.cov)
-           + c_mu * rank_mu)  # eq. 47 with sum(w) = 1
+    cov = (
+        (1.0 - c_1 - c_mu) * state.cov + c_1 * (jnp.outer(path_c, path_c) + delta * state.cov) + c_mu * rank_mu
+    )  # eq. 47 with sum(w) = 1
     cov = 0.5 * (cov + cov.T)
     eigvals, eigvecs = jnp.linalg.eigh(cov)
     eigvals = jnp.maximum(eigvals, 1e-20)
@@ -539,7 +555,7 @@ def make_train(args: Args) -> WorldModels:
     def env_action(raw: jax.Array) -> jax.Array:
         """C's raw output [..., A] -> the env's action: argmax for discrete
         actions, else tanh squashed into [low, high]."""
-        if discrete:
+        if low is None or high is None:  # discrete
             return jnp.argmax(raw, axis=-1)
         return low + (jnp.tanh(raw) + 1.0) * 0.5 * (high - low)
 
@@ -567,6 +583,7 @@ def make_train(args: Args) -> WorldModels:
         """N uniformly random episodes from reset, vmapped, T steps in a scan;
         after an episode's end its env keeps stepping but nothing is valid."""
         reset_key, key = jax.random.split(key)
+        assert env is not None, "a host env collects through CarRacingHost"
         obs, env_state = env.reset(reset_key, env_params)
 
         def step(carry, key):
@@ -577,12 +594,18 @@ def make_train(args: Args) -> WorldModels:
             else:
                 action = jax.random.uniform(action_key, (N, action_size), minval=low, maxval=high)
             next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
-            out = (model_action(action), reward * alive, terminated & alive, alive,
-                   pixels_to_uint8(info["final_observation"]))
+            out = (
+                model_action(action),
+                reward * alive,
+                terminated & alive,
+                alive,
+                pixels_to_uint8(info["final_observation"]),
+            )
             return (env_state, next_obs, alive & ~(terminated | truncated)), out
 
         _, (actions, rewards, terminated, valid, reached) = jax.lax.scan(
-            step, (env_state, obs, jnp.ones(N, bool)), jax.random.split(key, T))
+            step, (env_state, obs, jnp.ones(N, bool)), jax.random.split(key, T)
+        )
         # Frame t + 1 is the frame step t reached: the final observation at an episode's end.
         frames = jnp.concatenate([pixels_to_uint8(obs)[None], reached], axis=0)  # [T + 1, N, S, S, C]
         swap = lambda x: jnp.swapaxes(x, 0, 1)
@@ -590,9 +613,12 @@ def make_train(args: Args) -> WorldModels:
 
     def collect_update(state, _inputs=None):
         lengths = state.valid.sum(1)
-        return state, {"random_episode_length": lengths.mean(), "random_episode_return": state.rewards.sum(1).mean(),
-                       "frames": (lengths + 1).sum().astype(jnp.float32),
-                       "episodes_cut": (lengths == T).mean() * 1.0}
+        return state, {
+            "random_episode_length": lengths.mean(),
+            "random_episode_return": state.rewards.sum(1).mean(),
+            "frames": (lengths + 1).sum().astype(jnp.float32),
+            "episodes_cut": (lengths == T).mean() * 1.0,
+        }
 
     # ----- stage 2: V ------------------------------------------------------ #
     vae_tx = optax.adam(args.vae_learning_rate)
@@ -631,7 +657,8 @@ def make_train(args: Args) -> WorldModels:
 
         key, steps_key = jax.random.split(state.key)
         (vae_params, opt_state), metrics = jax.lax.scan(
-            step, (state.params.vae, state.opt_state), jax.random.split(steps_key, args.vae_batches))
+            step, (state.params.vae, state.opt_state), jax.random.split(steps_key, args.vae_batches)
+        )
         return TrainState(state.params._replace(vae=vae_params), opt_state, key), jax.tree.map(jnp.mean, metrics)
 
     # ----- stage 3: M ------------------------------------------------------ #
@@ -660,8 +687,14 @@ def make_train(args: Args) -> WorldModels:
 
             def loss_fn(mdn_params):
                 mdn = merge(state.params._replace(mdn=mdn_params)).mdn
-                return mdn_sequence_loss(mdn, z, time_major(data.actions), time_major(data.rewards),
-                                         time_major(data.terminated), time_major(data.valid))
+                return mdn_sequence_loss(
+                    mdn,
+                    z,
+                    time_major(data.actions),
+                    time_major(data.rewards),
+                    time_major(data.terminated),
+                    time_major(data.valid),
+                )
 
             grads, metrics = jax.grad(loss_fn, has_aux=True)(mdn_params)
             updates, opt_state = mdn_tx.update(grads, opt_state, mdn_params)
@@ -669,7 +702,8 @@ def make_train(args: Args) -> WorldModels:
 
         key, steps_key = jax.random.split(state.key)
         (mdn_params, opt_state), metrics = jax.lax.scan(
-            step, (state.params.mdn, state.opt_state), jax.random.split(steps_key, args.mdn_batches))
+            step, (state.params.mdn, state.opt_state), jax.random.split(steps_key, args.mdn_batches)
+        )
         return TrainState(state.params._replace(mdn=mdn_params), opt_state, key), jax.tree.map(jnp.mean, metrics)
 
     # ----- stage 4: C ------------------------------------------------------ #
@@ -749,8 +783,9 @@ def make_train(args: Args) -> WorldModels:
         return jnp.stack([mean, log_var], axis=1)  # [N, 2, Z]
 
     def controller_init(key, inputs) -> ControllerState:
-        return ControllerState(cma_init(jnp.zeros(num_params), args.cma_sigma), key, jnp.zeros(num_params),
-                               jnp.float32(-jnp.inf))
+        return ControllerState(
+            cma_init(jnp.zeros(num_params), args.cma_sigma), key, jnp.zeros(num_params), jnp.float32(-jnp.inf)
+        )
 
     def fitness(params, candidates, latents, key):
         """Mean return over `trials` episodes of each candidate [population, P] -> [population]."""
@@ -771,10 +806,20 @@ def make_train(args: Args) -> WorldModels:
         cma = cma_tell(state.cma, candidates, scores)
         best = jnp.argmax(scores)
         improved = scores[best] > state.best_fitness
-        new = ControllerState(cma, key, jnp.where(improved, candidates[best], state.best_params),
-                              jnp.maximum(scores[best], state.best_fitness))
-        return new, {"episode_return": scores.mean(), "fitness_best": scores.max(), "fitness_worst": scores.min(),
-                     "best_ever": new.best_fitness, "sigma": cma.sigma, "mean_norm": jnp.linalg.norm(cma.mean)}
+        new = ControllerState(
+            cma,
+            key,
+            jnp.where(improved, candidates[best], state.best_params),
+            jnp.maximum(scores[best], state.best_fitness),
+        )
+        return new, {
+            "episode_return": scores.mean(),
+            "fitness_best": scores.max(),
+            "fitness_worst": scores.min(),
+            "best_ever": new.best_fitness,
+            "sigma": cma.sigma,
+            "mean_norm": jnp.linalg.norm(cma.mean),
+        }
 
     def evaluate(params, theta, key):
         """The controller theta [P] over `eval_episodes` real episodes (capped, as the scored ones, at
@@ -787,37 +832,63 @@ def make_train(args: Args) -> WorldModels:
         parameters, the final CMA-ES state and the evaluation of its mean."""
         keys = jax.random.split(key, 5)
         data = collect_init(keys[0])
-        vae_state = jax.lax.fori_loop(0, args.vae_updates, lambda _, s: vae_update(s, data)[0],
-                                      vae_init(keys[1], data))
+        vae_state = jax.lax.fori_loop(0, args.vae_updates, lambda _, s: vae_update(s, data)[0], vae_init(keys[1], data))
         mdn_inputs = (data, vae_state.params, encode_rollouts(vae_state.params, data))
-        mdn_state = jax.lax.fori_loop(0, args.mdn_updates, lambda _, s: mdn_update(s, mdn_inputs)[0],
-                                      mdn_init(keys[2], mdn_inputs))
+        mdn_state = jax.lax.fori_loop(
+            0, args.mdn_updates, lambda _, s: mdn_update(s, mdn_inputs)[0], mdn_init(keys[2], mdn_inputs)
+        )
         inputs = (mdn_state.params, initial_latents(mdn_state.params, data))
-        controller = jax.lax.fori_loop(0, args.generations, lambda _, s: controller_update(s, inputs)[0],
-                                       controller_init(keys[3], inputs))
+        controller = jax.lax.fori_loop(
+            0, args.generations, lambda _, s: controller_update(s, inputs)[0], controller_init(keys[3], inputs)
+        )
         return mdn_state.params, controller, evaluate(mdn_state.params, controller.cma.mean, keys[4])
 
-    stage_steps = {"collect": N * T, "vae": args.vae_batches * args.vae_batch_size,
-                   "mdn": args.mdn_batches * args.mdn_batch_size * T,
-                   "controller": args.population * args.trials * max_steps}
+    stage_steps = {
+        "collect": N * T,
+        "vae": args.vae_batches * args.vae_batch_size,
+        "mdn": args.mdn_batches * args.mdn_batch_size * T,
+        "controller": args.population * args.trials * max_steps,
+    }
     if host:
         collect_init = lambda key, _inputs=None: host_env.collect(key)  # noqa: E731
         # fitness and evaluate look real_returns up when called: on the host it steps gymnasium envs.
         real_returns = lambda params, thetas, key, steps: host_env.returns(  # noqa: E731, F811
-            params, thetas, key, steps, policy_step, zero_carry)
+            params, thetas, key, steps, policy_step, zero_carry
+        )
     host_controller = host and args.controller_env == "real"
     A = action_size
-    rollouts_shape = Rollouts(jax.ShapeDtypeStruct((N, T + 1, *args.image_shape), jnp.uint8),
-                              jax.ShapeDtypeStruct((N, T, A), jnp.float32), jax.ShapeDtypeStruct((N, T), jnp.float32),
-                              jax.ShapeDtypeStruct((N, T), jnp.bool_), jax.ShapeDtypeStruct((N, T), jnp.bool_))
+    shapes: list[Any] = [  # the collected rollouts' shapes, for jax.eval_shape and restoring
+        jax.ShapeDtypeStruct((N, T + 1, *args.image_shape), jnp.uint8),
+        jax.ShapeDtypeStruct((N, T, A), jnp.float32),
+        jax.ShapeDtypeStruct((N, T), jnp.float32),
+        jax.ShapeDtypeStruct((N, T), jnp.bool_),
+        jax.ShapeDtypeStruct((N, T), jnp.bool_),
+    ]
+    rollouts_shape = Rollouts(*shapes)
     return WorldModels(
         collect=Stage(collect_init, collect_update, 1, stage_steps["collect"], host=host),
         vae=Stage(vae_init, vae_update, args.vae_updates, stage_steps["vae"]),
         mdn=Stage(mdn_init, mdn_update, args.mdn_updates, stage_steps["mdn"]),
-        controller=Stage(controller_init, lambda s, i: controller_update(s, i, fitness), args.generations,
-                         stage_steps["controller"], host=host_controller),
-        encode=encode, encode_rollouts=encode_rollouts, rollouts_shape=rollouts_shape, initial_latents=initial_latents, real_returns=real_returns, dream_returns=dream_returns,
-        dream=dream, merge=merge, evaluate=evaluate, train=train, graphdef=graphdef, spec=spec, num_params=num_params,
+        controller=Stage(
+            controller_init,
+            lambda s, i: controller_update(s, i, fitness),
+            args.generations,
+            stage_steps["controller"],
+            host=host_controller,
+        ),
+        encode=encode,
+        encode_rollouts=encode_rollouts,
+        rollouts_shape=rollouts_shape,
+        initial_latents=initial_latents,
+        real_returns=real_returns,
+        dream_returns=dream_returns,
+        dream=dream,
+        merge=merge,
+        evaluate=evaluate,
+        train=train,
+        graphdef=graphdef,
+        spec=spec,
+        num_params=num_params,
         compiler_options=runner.RUN_ONCE if args.fast_compile else None,
     )
 
@@ -838,18 +909,25 @@ class CarRacingHost:
 
     def __init__(self, args: Args):
         try:
-            import gymnasium
             import Box2D  # noqa: F401
+            import gymnasium
+
             self.gym = gymnasium
         except ImportError as error:
             raise ValueError(
                 f"env_id {args.env_id!r} needs gymnasium's box2d extra, which is not installed ({error}); "
                 "install it with `pip install -e '.[carracing]'` (box2d and pygame), "
-                f"or use a pure-JAX pixel env: {', '.join(pixels.RENDERERS)}") from None
+                f"or use a pure-JAX pixel env: {', '.join(pixels.RENDERERS)}"
+            ) from None
         self.args = args
-        self.spec = envs.EnvSpec(obs_shape=args.image_shape, discrete=False, num_actions=3,
-                                 action_low=np.array([-1.0, 0.0, 0.0], np.float32),
-                                 action_high=np.ones(3, np.float32), max_episode_steps=1000)
+        self.spec = envs.EnvSpec(
+            obs_shape=args.image_shape,
+            discrete=False,
+            num_actions=3,
+            action_low=np.array([-1.0, 0.0, 0.0], np.float32),
+            action_high=np.ones(3, np.float32),
+            max_episode_steps=1000,
+        )
 
     def preprocess(self, frames: np.ndarray) -> jax.Array:
         """[B, 96, 96, 3] uint8 -> [B, S, S, C] uint8."""
@@ -882,8 +960,9 @@ class CarRacingHost:
                     break
             frames[i, : len(raw)] = np.asarray(self.preprocess(np.stack(raw)))
         env.close()
-        return Rollouts(jnp.asarray(frames), jnp.asarray(actions), jnp.asarray(rewards), jnp.asarray(terminated),
-                        jnp.asarray(valid))
+        return Rollouts(
+            jnp.asarray(frames), jnp.asarray(actions), jnp.asarray(rewards), jnp.asarray(terminated), jnp.asarray(valid)
+        )
 
     def returns(self, params, thetas, key, steps, policy_step, zero_carry) -> jax.Array:
         """One host episode per controller in thetas [B, P], all B envs in lockstep -> returns [B]."""
@@ -938,8 +1017,16 @@ def init_seeds(stage: Stage, name: str, seeds, inputs):
     return jax.lax.map(lambda a: stage.init(jax.random.fold_in(jax.random.key(a[0]), index), a[1]), (seeds, inputs))
 
 
-def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seeds: np.ndarray, wm: WorldModels,
-              stop: runner.StopRequest | None = None):
+def run_stage(
+    args: Args,
+    name: str,
+    stage: Stage,
+    stage_dir: Path,
+    inputs,
+    seeds: np.ndarray,
+    wm: WorldModels,
+    stop: runner.StopRequest | None = None,
+):
     """One stage for all seeds: init (or restore the stage's newest checkpoint,
     which is how --resume continues a stage), then chunks of `log_every` updates
     (one jitted `lax.scan` from jaxzoo.runner.make_chunk, vmapped over seeds by
@@ -955,15 +1042,24 @@ def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seed
         state = jax.device_put(state)
     elif stage.host:  # one seed (checked in Args)
         seed_inputs = jax.tree.map(lambda x: x[0], inputs)
-        state = jax.tree.map(lambda x: x[None], stage.init(jax.random.fold_in(jax.random.key(int(seeds[0])),
-                                                                             STAGES.index(name)), seed_inputs))
+        state = jax.tree.map(
+            lambda x: x[None],
+            stage.init(jax.random.fold_in(jax.random.key(int(seeds[0])), STAGES.index(name)), seed_inputs),
+        )
     else:
         state = jax.jit(lambda s, i: init_seeds(stage, name, s, i), compiler_options=runner.RUN_ONCE)(seeds, inputs)
-    run_log = logger.Run(args, stage_dir, total_steps=stage.num_updates * stage.steps_per_update,
-                         tensorboard=args.tensorboard, track=args.track, resume_from_update=updates_done,
-                         meta=META)
+    run_log = logger.Run(
+        args,
+        stage_dir,
+        total_steps=stage.num_updates * stage.steps_per_update,
+        tensorboard=args.tensorboard,
+        track=args.track,
+        resume_from_update=updates_done,
+        meta=META,
+    )
     traces = [0]
     if stage.host:
+
         def run_chunk(state, first_update, last_update, inputs):
             one = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731
             state, rows, health = one(state), [], np.full((1, 2), -1)
@@ -975,6 +1071,7 @@ def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seed
                     health[0] = index, bad_leaf
             return jax.tree.map(lambda x: x[None], state), jax.tree.map(lambda *x: jnp.stack(x)[None], *rows), health
     else:
+
         def chunk(state, first_update, last_update, inputs):
             # The inputs (rollouts, earlier stages' parameters) are traced
             # arguments, never constants baked into the program.
@@ -982,8 +1079,11 @@ def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seed
             scan, _ = runner.make_chunk(lambda s: stage.update(s, inputs), args.log_every)
             return scan(state, first_update, last_update)
 
-        run_chunk = jax.jit(runner.over_seeds(chunk, args.num_seeds, (0, None, None, 0)), donate_argnums=0,
-                            compiler_options=wm.compiler_options)
+        run_chunk = jax.jit(
+            runner.over_seeds(chunk, args.num_seeds, (0, None, None, 0)),
+            donate_argnums=0,
+            compiler_options=wm.compiler_options,
+        )
     last_checkpoint = done = updates_done or 0
     clock = time.perf_counter()
     while done < stage.num_updates:
@@ -1005,8 +1105,10 @@ def run_stage(args: Args, name: str, stage: Stage, stage_dir: Path, inputs, seed
         if stop.signum is not None and done < stage.num_updates:
             run_log.close()
             saved = f"checkpoint at update {done} written" if args.save_model else "no checkpoint (--no-save-model)"
-            print(f"stopped by {signal.Signals(stop.signum).name} in stage {name!r} after update {done} of "
-                  f"{stage.num_updates}; {saved}. Resume with:\n  {runner.resume_command(stage_dir.parent)}")
+            print(
+                f"stopped by {signal.Signals(stop.signum).name} in stage {name!r} after update {done} of "
+                f"{stage.num_updates}; {saved}. Resume with:\n  {runner.resume_command(stage_dir.parent)}"
+            )
             raise SystemExit(128 + stop.signum)
     run_log.progress(done * stage.steps_per_update, final=True)
     run_log.close()
@@ -1019,11 +1121,15 @@ def load_stage(run_dir: Path, name: str, stage: Stage, seeds: np.ndarray, inputs
     stage_dir = Path(run_dir) / name
     latest = checkpoint.latest_update(stage_dir)
     if latest is None:
-        raise FileNotFoundError(f"stage {name!r} is needed but not in --stages, and {str(stage_dir)!r} has no "
-                                "checkpoint; pass --source-run with a run directory that finished it")
+        raise FileNotFoundError(
+            f"stage {name!r} is needed but not in --stages, and {str(stage_dir)!r} has no "
+            "checkpoint; pass --source-run with a run directory that finished it"
+        )
     if latest < stage.num_updates:
-        raise ValueError(f"stage {name!r} in {str(stage_dir)!r} stopped at update {latest} of {stage.num_updates}; "
-                         f"finish it with --resume {run_dir}")
+        raise ValueError(
+            f"stage {name!r} in {str(stage_dir)!r} stopped at update {latest} of {stage.num_updates}; "
+            f"finish it with --resume {run_dir}"
+        )
     state, _ = checkpoint.restore(stage_dir, abstract_stage_state(name, stage, seeds, inputs, wm))
     return jax.device_put(state)
 
@@ -1035,14 +1141,20 @@ def load_run(run_dir: str | Path) -> tuple[Args, WorldModels, dict]:
     args = cli.load_run_args(Args, run_dir)
     world_models = make_train(args)
     seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
-    outputs = {}
+    outputs: dict[str, Any] = {}
     for name in STAGES:
         stage = getattr(world_models, name)
         here = checkpoint.latest_update(Path(run_dir) / name) is not None
         if not here and (args.source_run is None or checkpoint.latest_update(Path(args.source_run) / name) is None):
             break
-        outputs[name] = load_stage(Path(run_dir) if here else Path(args.source_run), name, stage, seeds,
-                                   stage_inputs(name, outputs, world_models), world_models)
+        outputs[name] = load_stage(
+            Path(run_dir) if here else Path(args.source_run),
+            name,
+            stage,
+            seeds,
+            stage_inputs(name, outputs, world_models),
+            world_models,
+        )
     return args, world_models, outputs
 
 
@@ -1054,8 +1166,10 @@ def main(args: Args) -> dict:
     with the stages' final states under "outputs"."""
     args = runner.prepare(args, "world_models")  # resume, run-root and cache checks, before anything is built
     if STAGES.index(args.stages[0]) > 0 and args.source_run is None:
-        raise ValueError(f"stages {list(args.stages)} start after {STAGES[0]!r}: pass --source-run RUN_DIR, a run "
-                         "that finished the earlier stages")
+        raise ValueError(
+            f"stages {list(args.stages)} start after {STAGES[0]!r}: pass --source-run RUN_DIR, a run "
+            "that finished the earlier stages"
+        )
     wm = make_train(args)
     with runner.open_run_dir(args, "world_models") as run_dir, runner.StopRequest() as stop:
         logger.write_args_json(run_dir, args, META)
@@ -1065,35 +1179,54 @@ def main(args: Args) -> dict:
 def run_pipeline(args: Args, wm: WorldModels, run_dir: Path, stop: runner.StopRequest) -> dict:
     """`main` inside its locked run directory: the stages, then the evaluation."""
     seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
-    outputs, seconds, traces = {}, {}, {}
+    outputs: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    traces: dict[str, int] = {}
     for i, name in enumerate(STAGES[: STAGES.index(args.stages[-1]) + 1]):
         stage = getattr(wm, name)
         inputs = stage_inputs(name, outputs, wm)
         if name in args.stages:
             print(f"[world_models] stage {i + 1}/4 {name}: {stage.num_updates} update(s) -> {run_dir / name}")
-            outputs[name], seconds[name], traces[name] = run_stage(args, name, stage, run_dir / name, inputs, seeds,
-                                                                   wm, stop)
-        else:
+            outputs[name], seconds[name], traces[name] = run_stage(
+                args, name, stage, run_dir / name, inputs, seeds, wm, stop
+            )
+        else:  # an earlier stage, finished by --source-run (main refuses a late start without it)
+            assert args.source_run is not None
             outputs[name] = load_stage(Path(args.source_run), name, stage, seeds, inputs, wm)
-    summary = {"run_dir": str(run_dir), "stage_seconds": seconds, "chunk_traces": traces}
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "stage_seconds": seconds, "chunk_traces": traces}
     if "controller" in args.stages:
         params, mean = outputs["mdn"].params, outputs["controller"].cma.mean
         keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), len(STAGES)))(seeds)
         start = time.perf_counter()
         if wm.controller.host:
-            returns = np.stack([np.asarray(wm.evaluate(jax.tree.map(lambda x: x[j], params), mean[j], keys[j]))
-                                for j in range(args.num_seeds)])
+            returns = np.stack(
+                [
+                    np.asarray(wm.evaluate(jax.tree.map(lambda x: x[j], params), mean[j], keys[j]))
+                    for j in range(args.num_seeds)
+                ]
+            )
         else:
-            returns = np.asarray(jax.jit(jax.vmap(wm.evaluate), compiler_options=wm.compiler_options)(params, mean, keys))
+            returns = np.asarray(
+                jax.jit(jax.vmap(wm.evaluate), compiler_options=wm.compiler_options)(params, mean, keys)
+            )
         seconds["evaluate"] = time.perf_counter() - start
         if not np.isfinite(returns).all():
-            raise cli.Diverged(f"the controller's evaluation returned non-finite returns; no eval.json was written "
-                               f"(run directory {run_dir})")
-        summary.update(returns=returns, mean=float(returns.mean()), std=float(returns.std()),
-                       per_seed=[[float(r.mean()), float(r.std())] for r in returns],
-                       best_fitness=np.asarray(outputs["controller"].best_fitness), controller_env=args.controller_env)
-        print(f"[world_models] {args.controller_env}-trained controller (CMA-ES mean) over {args.eval_episodes} real "
-              f"episodes x {args.num_seeds} seed(s): {returns.mean():.1f} +- {returns.std():.1f}")
+            raise cli.Diverged(
+                f"the controller's evaluation returned non-finite returns; no eval.json was written "
+                f"(run directory {run_dir})"
+            )
+        summary.update(
+            returns=returns,
+            mean=float(returns.mean()),
+            std=float(returns.std()),
+            per_seed=[[float(r.mean()), float(r.std())] for r in returns],
+            best_fitness=np.asarray(outputs["controller"].best_fitness),
+            controller_env=args.controller_env,
+        )
+        print(
+            f"[world_models] {args.controller_env}-trained controller (CMA-ES mean) over {args.eval_episodes} real "
+            f"episodes x {args.num_seeds} seed(s): {returns.mean():.1f} +- {returns.std():.1f}"
+        )
     print("[world_models] seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
     (run_dir / "eval.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     return {**summary, "outputs": outputs}

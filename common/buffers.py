@@ -24,7 +24,6 @@ donated so XLA updates it in place.
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any, NamedTuple
 
 import jax
@@ -119,7 +118,7 @@ def sample(
         probability = jnp.full((batch_size,), 1.0) / num_valid
     else:
         valid = jnp.broadcast_to(valid_starts(buffer, length)[:, None], buffer.priority.shape)
-        weights = jnp.where(valid, buffer.priority ** priority_exponent, 0.0)
+        weights = jnp.where(valid, buffer.priority**priority_exponent, 0.0)
         cumulative = jnp.cumsum(weights.reshape(-1))
         total = cumulative[-1]
         # strata * total can round up to total in float32, and a float32 prefix sum

@@ -166,8 +166,9 @@ def restore(run_dir: str | os.PathLike, template, update: int | None = None):
                 break
             warnings.warn(f"skipping damaged checkpoint {path}: {problem}", stacklevel=2)
         else:
-            raise FileNotFoundError(f"every checkpoint in {str(checkpoint_dir(run_dir))!r} is damaged: "
-                                    f"{[p.name for p in checkpoints]}")
+            raise FileNotFoundError(
+                f"every checkpoint in {str(checkpoint_dir(run_dir))!r} is damaged: {[p.name for p in checkpoints]}"
+            )
     else:
         path = checkpoint_dir(run_dir) / f"update_{update:09d}.npz"
         if not path.exists():

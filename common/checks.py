@@ -32,8 +32,12 @@ class Range:
     le: float | None = None
 
     def accepts(self, value: float) -> bool:
-        return ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
-                and (self.lt is None or value < self.lt) and (self.le is None or value <= self.le))
+        return (
+            (self.gt is None or value > self.gt)
+            and (self.ge is None or value >= self.ge)
+            and (self.lt is None or value < self.lt)
+            and (self.le is None or value <= self.le)
+        )
 
     def __str__(self) -> str:
         low = f"({self.gt:g}" if self.gt is not None else f"[{self.ge:g}" if self.ge is not None else None
@@ -65,7 +69,11 @@ def check_fields(args) -> None:
             if item is None or isinstance(item, (bool, str)):
                 continue
             accepted = " and ".join(str(r) for r in rules) or "a finite number"
-            where = f"{field.name}={value!r}" if not isinstance(value, tuple) else f"{field.name}={value!r} (element {item!r})"
+            where = (
+                f"{field.name}={value!r}"
+                if not isinstance(value, tuple)
+                else f"{field.name}={value!r} (element {item!r})"
+            )
             if isinstance(item, float) and not math.isfinite(item):
                 raise ValueError(f"{where} is not a finite number; accepted: {accepted}")
             for rule in rules:

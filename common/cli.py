@@ -17,8 +17,9 @@ import json
 import os
 import sys
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import tyro
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 ArgsT = TypeVar("ArgsT", bound="DataclassInstance")  # an algorithm's frozen `Args` dataclass
+
 
 def presets(algo: str) -> dict[str, dict[str, Any]]:
     """All preset tables of `configs/<algo>.toml` (empty if the file is missing),
@@ -60,8 +62,7 @@ def resolve_preset(algo: str, preset: str, tables: dict | None = None) -> dict[s
     tables = presets(algo) if tables is None else tables
     if preset not in tables:
         raise ValueError(
-            f"unknown preset {preset!r} for {algo}; "
-            f"available presets in configs/{algo}.toml: {sorted(tables)}"
+            f"unknown preset {preset!r} for {algo}; available presets in configs/{algo}.toml: {sorted(tables)}"
         )
     table = dict(tables[preset])
     base = table.pop("extends", None)
@@ -119,8 +120,17 @@ EXIT_DIVERGED = 3  # a seed's state became non-finite: the run stopped, its last
 # Fields that may differ from the saved run when resuming it: how long it runs,
 # how it reports and where it caches compiled code. Any other flag given with
 # --resume that differs from the run's args.json is refused.
-RESUMABLE_FIELDS = ("resume", "total_timesteps", "log_every", "checkpoint_every", "track", "tensorboard",
-                    "compile_cache", "save_model", "run_root")
+RESUMABLE_FIELDS = (
+    "resume",
+    "total_timesteps",
+    "log_every",
+    "checkpoint_every",
+    "track",
+    "tensorboard",
+    "compile_cache",
+    "save_model",
+    "run_root",
+)
 
 
 def load_run_args(args_cls: type[ArgsT], run_dir: str | os.PathLike, algorithm: str | None = None) -> ArgsT:
@@ -145,10 +155,16 @@ def load_run_args(args_cls: type[ArgsT], run_dir: str | os.PathLike, algorithm: 
         foreign = sorted(set(saved) - fields - {"algorithm", "jaxzoo_version"})
         missing = sorted(fields - set(saved))
         if written_by not in (None, algorithm) or (written_by is None and (foreign or missing)):
-            by = f"{written_by}.py" if written_by else "another algorithm file (its fields differ: " + \
-                f"{foreign[:4]} not in {algorithm}'s Args, {missing[:4]} missing)"
-            raise ValueError(f"cannot resume {str(run_dir)!r} with {algorithm}.py: it was written by {by}; "
-                             f"resume it with the file that wrote it")
+            by = (
+                f"{written_by}.py"
+                if written_by
+                else "another algorithm file (its fields differ: "
+                + f"{foreign[:4]} not in {algorithm}'s Args, {missing[:4]} missing)"
+            )
+            raise ValueError(
+                f"cannot resume {str(run_dir)!r} with {algorithm}.py: it was written by {by}; "
+                f"resume it with the file that wrote it"
+            )
     saved = {k: v for k, v in saved.items() if k in fields}
     return apply_overrides(args_cls(), saved, str(path))
 
@@ -167,10 +183,16 @@ def resolve_resume(args: ArgsT, algorithm: str | None = None) -> ArgsT:
         return args
     saved = load_run_args(type(args), resume, algorithm)
     defaults = type(args)()
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
-             if getattr(args, f.name) != getattr(defaults, f.name)}
-    conflicts = {name: (getattr(saved, name), value) for name, value in given.items()
-                 if name not in RESUMABLE_FIELDS and value != getattr(saved, name)}
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(args)
+        if getattr(args, f.name) != getattr(defaults, f.name)
+    }
+    conflicts = {
+        name: (getattr(saved, name), value)
+        for name, value in given.items()
+        if name not in RESUMABLE_FIELDS and value != getattr(saved, name)
+    }
     if conflicts:
         listed = "; ".join(f"{name}: run has {old!r}, given {new!r}" for name, (old, new) in conflicts.items())
         raise ValueError(
@@ -186,11 +208,15 @@ def check_run_root(run_root: str | os.PathLike) -> None:
     root = Path(run_root)
     existing = next((p for p in (root, *root.parents) if p.exists()), Path("."))
     if not existing.is_dir():
-        raise ValueError(f"run_root={str(run_root)!r}: {str(existing)!r} is a file, not a directory; "
-                         "pass a directory for the run directories (e.g. --run-root runs)")
+        raise ValueError(
+            f"run_root={str(run_root)!r}: {str(existing)!r} is a file, not a directory; "
+            "pass a directory for the run directories (e.g. --run-root runs)"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"run_root={str(run_root)!r}: {str(existing)!r} is not writable by this user; "
-                         "pass a directory you can write to (--run-root)")
+        raise ValueError(
+            f"run_root={str(run_root)!r}: {str(existing)!r} is not writable by this user; "
+            "pass a directory you can write to (--run-root)"
+        )
 
 
 def configure_jax(compile_cache: bool, cache_dir: str | None = None) -> None:
@@ -201,9 +227,7 @@ def configure_jax(compile_cache: bool, cache_dir: str | None = None) -> None:
     if not compile_cache:
         jax.config.update("jax_enable_compilation_cache", False)
         return
-    cache_dir = cache_dir or os.environ.get(
-        "JAXZOO_CACHE_DIR", str(Path.home() / ".cache" / "jaxzoo" / "jax")
-    )
+    cache_dir = cache_dir or os.environ.get("JAXZOO_CACHE_DIR", str(Path.home() / ".cache" / "jaxzoo" / "jax"))
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -61,10 +61,12 @@ def is_dmc(env_id: str) -> bool:
 
 def parse(env_id: str) -> tuple[str, str]:
     """'dmc:cartpole-swingup' -> ('cartpole', 'swingup'), with a clear error for a malformed id."""
-    domain, _, task = env_id[len(PREFIX):].partition("-")
+    domain, _, task = env_id[len(PREFIX) :].partition("-")
     if not is_dmc(env_id) or not domain or not task:
-        raise ValueError(f"env_id {env_id!r} is not a DeepMind Control id: expected '{PREFIX}<domain>-<task>', "
-                         "e.g. 'dmc:cartpole-swingup'")
+        raise ValueError(
+            f"env_id {env_id!r} is not a DeepMind Control id: expected '{PREFIX}<domain>-<task>', "
+            "e.g. 'dmc:cartpole-swingup'"
+        )
     return domain, task
 
 
@@ -74,13 +76,15 @@ def load(domain: str, task: str, seed: int):
     try:
         from dm_control import suite
     except ImportError as error:
-        raise ValueError(f"env_id '{PREFIX}{domain}-{task}' needs dm_control, which is not installed "
-                         f"({error}); {EXTRA_HINT}") from error
+        raise ValueError(
+            f"env_id '{PREFIX}{domain}-{task}' needs dm_control, which is not installed ({error}); {EXTRA_HINT}"
+        ) from error
     if (domain, task) not in suite.ALL_TASKS:
         known = [f"{PREFIX}{d}-{t}" for d, t in suite.ALL_TASKS]
         asked = f"{PREFIX}{domain}-{task}"
-        raise ValueError(f"unknown DeepMind Control task '{asked}'{envs.did_you_mean(asked, known)}; "
-                         f"valid ids: {', '.join(known)}")
+        raise ValueError(
+            f"unknown DeepMind Control task '{asked}'{envs.did_you_mean(asked, known)}; valid ids: {', '.join(known)}"
+        )
     return suite.load(domain, task, task_kwargs={"random": seed})
 
 
@@ -134,19 +138,23 @@ class DMControlPixels:
     docstring). `role` separates the seed streams of two sets of envs (training
     and evaluation) built from the same `seed`."""
 
-    def __init__(self, env_id: str, num_envs: int, *, size: int, grayscale: bool, action_repeat: int, seed: int,
-                 role: int = 0):
+    def __init__(
+        self, env_id: str, num_envs: int, *, size: int, grayscale: bool, action_repeat: int, seed: int, role: int = 0
+    ):
         self.domain, self.task = parse(env_id)
         self.num_envs, self.size, self.grayscale = num_envs, size, grayscale
         self.action_repeat, self.seed, self.role = action_repeat, seed, role
-        self.envs = on_host_thread(lambda: [load(self.domain, self.task, self.episode_seed(i, 0))
-                                            for i in range(num_envs)])()
+        self.envs = on_host_thread(
+            lambda: [load(self.domain, self.task, self.episode_seed(i, 0)) for i in range(num_envs)]
+        )()
         self.where = [(-1, 0)] * num_envs  # (episode, t) of each host env; -1: not reset yet
         self.returns = np.zeros(num_envs)  # undiscounted return of each running episode
         action_spec = self.envs[0].action_spec()
         self.image_shape = (size, size, 1 if grayscale else 3)
         self.spec = envs.EnvSpec(
-            obs_shape=self.image_shape, discrete=False, num_actions=int(np.prod(action_spec.shape)),
+            obs_shape=self.image_shape,
+            discrete=False,
+            num_actions=int(np.prod(action_spec.shape)),
             action_low=np.broadcast_to(action_spec.minimum, action_spec.shape).astype(np.float32).ravel(),
             action_high=np.broadcast_to(action_spec.maximum, action_spec.shape).astype(np.float32).ravel(),
             max_episode_steps=int(self.envs[0]._step_limit),  # dm_control: time limit / control timestep
@@ -188,8 +196,10 @@ class DMControlPixels:
         for i in np.flatnonzero(active):
             if self.where[i] != (int(episode[i]), int(t[i])):  # a new process (resumed run): rebuild the episode
                 if t[i] != 0:
-                    raise RuntimeError(f"host env {i} is at (episode, step) {self.where[i]} but the device state is "
-                                       f"at {(int(episode[i]), int(t[i]))}; it can only be restored at an episode start")
+                    raise RuntimeError(
+                        f"host env {i} is at (episode, step) {self.where[i]} but the device state is "
+                        f"at {(int(episode[i]), int(t[i]))}; it can only be restored at an episode start"
+                    )
                 self.start_episode(i, int(episode[i]))
             steps = 0
             for _ in range(self.action_repeat):
@@ -219,33 +229,52 @@ class DMControlPixels:
 
     def reset(self, key: jax.Array, params=None):
         n, image = self.num_envs, (self.num_envs, *self.image_shape)
-        obs, episode, t = io_callback(on_host_thread(self.host_reset), self._shapes((image, jnp.float32), ((n,), jnp.int32),
-                                                                    ((n,), jnp.int32)), ordered=True)
+        obs, episode, t = io_callback(
+            on_host_thread(self.host_reset),
+            self._shapes((image, jnp.float32), ((n,), jnp.int32), ((n,), jnp.int32)),
+            ordered=True,
+        )
         return obs, HostEnvState(episode, t)
 
-    def step(self, key: jax.Array, state: HostEnvState, action: jax.Array, params=None, active: jax.Array | None = None):
+    def step(
+        self, key: jax.Array, state: HostEnvState, action: jax.Array, params=None, active: jax.Array | None = None
+    ):
         n, image = self.num_envs, (self.num_envs, *self.image_shape)
         active = jnp.ones(n, bool) if active is None else active
-        shapes = self._shapes((image, jnp.float32), (image, jnp.float32), ((n,), jnp.float32), ((n,), jnp.bool_),
-                              ((n,), jnp.bool_), ((n,), jnp.float32), ((n,), jnp.int32), ((n,), jnp.int32),
-                              ((n,), jnp.int32))
-        (obs, final_obs, reward, terminated, truncated, episode_return, episode_length, episode,
-         t) = io_callback(on_host_thread(self.host_step), shapes, state.episode, state.t, action, active, ordered=True)
-        info = {"final_observation": final_obs, "episode_done": terminated | truncated,
-                "episode_return": episode_return, "episode_length": episode_length}
+        shapes = self._shapes(
+            (image, jnp.float32),
+            (image, jnp.float32),
+            ((n,), jnp.float32),
+            ((n,), jnp.bool_),
+            ((n,), jnp.bool_),
+            ((n,), jnp.float32),
+            ((n,), jnp.int32),
+            ((n,), jnp.int32),
+            ((n,), jnp.int32),
+        )
+        (obs, final_obs, reward, terminated, truncated, episode_return, episode_length, episode, t) = io_callback(
+            on_host_thread(self.host_step), shapes, state.episode, state.t, action, active, ordered=True
+        )
+        info = {
+            "final_observation": final_obs,
+            "episode_done": terminated | truncated,
+            "episode_return": episode_return,
+            "episode_length": episode_length,
+        }
         return obs, HostEnvState(episode, t), reward, terminated, truncated, info
 
 
-def make(env_id: str, num_envs: int, *, size: int, grayscale: bool, action_repeat: int, seed: int,
-         role: int = 0) -> tuple[DMControlPixels, None]:
+def make(
+    env_id: str, num_envs: int, *, size: int, grayscale: bool, action_repeat: int, seed: int, role: int = 0
+) -> tuple[DMControlPixels, None]:
     """`(env, env_params)` like `common.pixels.make`; env_params is None."""
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    return DMControlPixels(env_id, num_envs, size=size, grayscale=grayscale, action_repeat=action_repeat,
-                           seed=seed, role=role), None
+    return DMControlPixels(
+        env_id, num_envs, size=size, grayscale=grayscale, action_repeat=action_repeat, seed=seed, role=role
+    ), None
 
 
 def spec(env_id: str, size: int = 64, grayscale: bool = False) -> envs.EnvSpec:
     """The EnvSpec of a task (builds one env on the host)."""
     return DMControlPixels(env_id, 1, size=size, grayscale=grayscale, action_repeat=1, seed=0).spec
-

@@ -25,11 +25,11 @@ import difflib
 from functools import partial
 from typing import Any, NamedTuple
 
+import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-import gymnax
 from gymnax.environments import spaces
 
 # MNISTBandit downloads MNIST when it is built; nothing here may download at run time.
@@ -104,9 +104,7 @@ class EpisodeStatistics(Wrapper):
 
     @partial(jax.jit, static_argnames=("self",))
     def step(self, key, state, action, params=None):
-        obs, env_state, reward, terminated, truncated, info = self._env.step(
-            key, state.env_state, action, params
-        )
+        obs, env_state, reward, terminated, truncated, info = self._env.step(key, state.env_state, action, params)
         done = jnp.logical_or(terminated, truncated)
         episode_return = state.episode_return + reward
         episode_length = state.episode_length + 1
@@ -175,7 +173,7 @@ class RunningMeanStd:
     def zeros(cls, shape):
         return cls(jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32), jnp.asarray(1e-4, jnp.float32))
 
-    def update(self, batch: jax.Array) -> "RunningMeanStd":
+    def update(self, batch: jax.Array) -> RunningMeanStd:
         batch_mean, batch_var = batch.mean(0), batch.var(0)
         batch_count = batch.shape[0]
         delta = batch_mean - self.mean
@@ -211,9 +209,7 @@ class NormalizeObservation(Wrapper):
 
     @partial(jax.jit, static_argnames=("self",))
     def step(self, key, state, action, params=None):
-        obs, env_state, reward, terminated, truncated, info = self._env.step(
-            key, state.env_state, action, params
-        )
+        obs, env_state, reward, terminated, truncated, info = self._env.step(key, state.env_state, action, params)
         stats = state.obs_stats.update(obs)
         info = {**info, "final_observation": normalize(info["final_observation"], stats)}
         return normalize(obs, stats), NormalizeObservationState(env_state, stats), reward, terminated, truncated, info
@@ -244,9 +240,7 @@ class NormalizeReward(Wrapper):
 
     @partial(jax.jit, static_argnames=("self",))
     def step(self, key, state, action, params=None):
-        obs, env_state, reward, terminated, truncated, info = self._env.step(
-            key, state.env_state, action, params
-        )
+        obs, env_state, reward, terminated, truncated, info = self._env.step(key, state.env_state, action, params)
         discounted_return = state.discounted_return * self.gamma + reward
         stats = state.return_stats.update(discounted_return)
         done = jnp.logical_or(terminated, truncated)
@@ -345,7 +339,6 @@ def find_state(state, state_type):
             raise ValueError(f"no {state_type.__name__} in this env state")
         state = state.env_state
     return state
-
 
 
 def evaluate_episodes(env, env_params, act, key: jax.Array, max_steps: int) -> jax.Array:

@@ -25,8 +25,10 @@ class StridedConv(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         k, _, c_in, c_out = self.kernel.shape
         out_h, out_w = (x.shape[-3] - k) // 2 + 1, (x.shape[-2] - k) // 2 + 1
-        patches = jnp.concatenate([x[..., i : i + 2 * out_h - 1 : 2, j : j + 2 * out_w - 1 : 2, :]
-                                   for i in range(k) for j in range(k)], axis=-1)  # [..., out_h, out_w, k*k*C_in]
+        patches = jnp.concatenate(
+            [x[..., i : i + 2 * out_h - 1 : 2, j : j + 2 * out_w - 1 : 2, :] for i in range(k) for j in range(k)],
+            axis=-1,
+        )  # [..., out_h, out_w, k*k*C_in]
         return patches @ self.kernel[...].reshape(k * k * c_in, c_out) + self.bias[...]
 
 
@@ -49,8 +51,9 @@ class StridedConvTranspose(nnx.Module):
         half = (k + 1) // 2  # taps per output parity along an axis
         m, n = h + half - 1, w + half - 1
         padded = jnp.pad(x, [(0, 0)] * len(lead) + [(half - 1, half - 1), (half - 1, half - 1), (0, 0)])
-        patches = jnp.concatenate([padded[..., u : u + m, v : v + n, :] for u in range(half) for v in range(half)],
-                                  axis=-1)  # [..., m, n, half*half*C_in]
+        patches = jnp.concatenate(
+            [padded[..., u : u + m, v : v + n, :] for u in range(half) for v in range(half)], axis=-1
+        )  # [..., m, n, half*half*C_in]
         # Tap (2p + q, 2s + r) of the kernel (zero past k) serves view (u, v) = (half-1-p, half-1-s), parity (q, r).
         kernel = jnp.pad(self.kernel[...], [(0, 2 * half - k), (0, 2 * half - k), (0, 0), (0, 0)])
         kernel = kernel.reshape(half, 2, half, 2, c_in, c_out)[::-1, :, ::-1]  # [u, q, v, r, C_in, C_out]

@@ -16,8 +16,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class Run:
             self._truncate_csv(resume_from_update)
         self._csv_file: Any = None  # open text file once the first chunk is logged
         self._csv_writer: Any = None  # its csv.writer
-        self._columns: list[str] | None = None
+        self._columns: list[str] = []  # metrics.csv header, set when it is opened
         self._start = time.perf_counter()
         self._last_print = 0.0
         self._last_step = -1
@@ -103,9 +104,7 @@ class Run:
                 import wandb
             except ImportError as error:
                 raise ImportError("--track needs wandb: pip install -e '.[logging]'") from error
-            self.wandb = wandb.init(
-                project=wandb_project, name=self.dir.name, config=args_dict, dir=str(self.dir)
-            )
+            self.wandb = wandb.init(project=wandb_project, name=self.dir.name, config=args_dict, dir=str(self.dir))
 
     def _truncate_csv(self, last_update: int) -> None:
         """On resume, drop rows logged after the checkpoint (they will be redone)."""
@@ -126,7 +125,7 @@ class Run:
     def log(self, update: np.ndarray, global_step: np.ndarray, metrics: Mapping[str, np.ndarray]) -> None:
         if self._csv_writer is None:
             self._open_csv(sorted(metrics))
-        names = self._columns[len(KEY_COLUMNS):]  # a column this chunk lacks is written as nan
+        names = self._columns[len(KEY_COLUMNS) :]  # a column this chunk lacks is written as nan
         num_seeds = next(iter(metrics.values())).shape[0]
         for j in range(len(update)):
             for i in range(num_seeds):

@@ -42,10 +42,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -123,8 +124,9 @@ def make_chunk(update: Callable, log_every: int) -> tuple[Callable, Callable[[],
     return chunk, lambda: traces
 
 
-def check_health(health: np.ndarray, state, metrics: dict[str, np.ndarray], first_update: int, args,
-                 run_dir: str | Path) -> None:
+def check_health(
+    health: np.ndarray, state, metrics: dict[str, np.ndarray], first_update: int, args, run_dir: str | Path
+) -> None:
     """Raise `cli.Diverged` if a seed's chunk `health` ([num_seeds, 2] from
     `make_chunk`) reports a non-finite state, naming the seed index, the update,
     the first non-finite leaf of the state and the metrics that were non-finite
@@ -137,11 +139,15 @@ def check_health(health: np.ndarray, state, metrics: dict[str, np.ndarray], firs
     for i in bad_seeds:
         update, leaf = (int(v) for v in health[i])
         column = update - first_update - 1
-        nonfinite = sorted(k for k, v in metrics.items() if 0 <= column < v.shape[1]
-                           and not np.isfinite(v[i, column]) and not k.startswith(("episode_", "eval_")))
-        lines.append(f"seed index {i} (seed {args.seed + i}) at update {update}: first non-finite value in state"
-                     f"{names[leaf]}" + (f"; non-finite metrics at that update: {', '.join(nonfinite)}" if nonfinite
-                                         else ""))
+        nonfinite = sorted(
+            k
+            for k, v in metrics.items()
+            if 0 <= column < v.shape[1] and not np.isfinite(v[i, column]) and not k.startswith(("episode_", "eval_"))
+        )
+        lines.append(
+            f"seed index {i} (seed {args.seed + i}) at update {update}: first non-finite value in state"
+            f"{names[leaf]}" + (f"; non-finite metrics at that update: {', '.join(nonfinite)}" if nonfinite else "")
+        )
     kept = checkpoint.latest_update(run_dir)
     raise cli.Diverged(
         "the run stopped: " + " | ".join(lines) + f". Nothing after the last finite checkpoint was saved "
@@ -168,8 +174,12 @@ class StopRequest:
             os.kill(os.getpid(), signum)
             return
         self.signum = signum
-        print(f"\n{signal.Signals(signum).name}: stopping at the next chunk boundary after a checkpoint "
-              "(send it again to stop at once)", file=sys.stderr, flush=True)
+        print(
+            f"\n{signal.Signals(signum).name}: stopping at the next chunk boundary after a checkpoint "
+            "(send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -196,8 +206,10 @@ def locked_run_dir(run_dir: str | Path):
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()
-        raise ValueError(f"run directory {str(run_dir)!r} is in use by {holder}; two processes never share a "
-                         "run directory (wait for it to finish, or start a new run)") from None
+        raise ValueError(
+            f"run directory {str(run_dir)!r} is in use by {holder}; two processes never share a "
+            "run directory (wait for it to finish, or start a new run)"
+        ) from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"process {os.getpid()}\n")
@@ -233,8 +245,11 @@ def prepare(args, algorithm: str):
 def open_run_dir(args, algorithm: str):
     """A context manager over the run's directory, created (new run) or reused
     (`args.resume`), locked for the run's life, with args.json written."""
-    run_dir = Path(args.resume) if args.resume is not None else logger.new_run_dir(
-        args.run_root, args.env_id, args.exp_name, args.seed)
+    run_dir = (
+        Path(args.resume)
+        if args.resume is not None
+        else logger.new_run_dir(args.run_root, args.env_id, args.exp_name, args.seed)
+    )
     return locked_run_dir(run_dir)
 
 
@@ -309,13 +324,29 @@ def run(
     """
     if eval_every < 0:
         raise ValueError(f"eval_every must be >= 0 (0: evaluate only at the end), got {eval_every}")
-    with open_run_dir(args, algorithm) as run_dir, StopRequest() as stop, ThreadPoolExecutor(max_workers=1) as background:
-        return _run_locked(args, algorithm, run_dir, stop, background, init, update, evaluate, num_updates,
-                           steps_per_update, eval_every)
+    with (
+        open_run_dir(args, algorithm) as run_dir,
+        StopRequest() as stop,
+        ThreadPoolExecutor(max_workers=1) as background,
+    ):
+        return _run_locked(
+            args,
+            algorithm,
+            run_dir,
+            stop,
+            background,
+            init,
+            update,
+            evaluate,
+            num_updates,
+            steps_per_update,
+            eval_every,
+        )
 
 
-def _run_locked(args, algorithm, run_dir, stop, background, init, update, evaluate, num_updates, steps_per_update,
-                eval_every) -> RunResult:
+def _run_locked(
+    args, algorithm, run_dir, stop, background, init, update, evaluate, num_updates, steps_per_update, eval_every
+) -> RunResult:
     """`run` inside its locked run directory, with signals caught."""
     compile_start = time.perf_counter()
     chunk, trace_count = make_chunk(update, args.log_every)
@@ -328,9 +359,11 @@ def _run_locked(args, algorithm, run_dir, stop, background, init, update, evalua
     if args.resume is not None:
         state, updates_done = checkpoint.restore(run_dir, abstract_state)
         if updates_done > num_updates:
-            raise ValueError(f"--resume {run_dir}: its checkpoint is at update {updates_done}, past this run's "
-                             f"{num_updates} updates (total_timesteps={args.total_timesteps}); give a larger "
-                             "--total-timesteps to continue it")
+            raise ValueError(
+                f"--resume {run_dir}: its checkpoint is at update {updates_done}, past this run's "
+                f"{num_updates} updates (total_timesteps={args.total_timesteps}); give a larger "
+                "--total-timesteps to continue it"
+            )
         state = jax.device_put(state)
         kept = logger.read_metrics(run_dir) if (run_dir / "metrics.csv").exists() else {}
         if "wall_seconds" in kept and (kept["update"] == updates_done).any():
@@ -338,30 +371,69 @@ def _run_locked(args, algorithm, run_dir, stop, background, init, update, evalua
     else:
         init_compiled = background.submit(init_lowered.compile)  # XLA compiles `init` while Python traces the chunk
     chunk_lowered = jax.jit(over_seeds(chunk, args.num_seeds, (0, None, None)), donate_argnums=0).lower(
-        abstract_state, jnp.int32(0), jnp.int32(0))
+        abstract_state, jnp.int32(0), jnp.int32(0)
+    )
     if args.resume is None:
         state = init_compiled.result()(seeds)
     run_chunk = chunk_lowered.compile()
     compile_seconds = time.perf_counter() - compile_start
     run_log = logger.Run(
-        args, run_dir, total_steps=num_updates * steps_per_update, tensorboard=args.tensorboard,
-        track=args.track, resume_from_update=updates_done if args.resume else None,
+        args,
+        run_dir,
+        total_steps=num_updates * steps_per_update,
+        tensorboard=args.tensorboard,
+        track=args.track,
+        resume_from_update=updates_done if args.resume else None,
         meta={"algorithm": algorithm, "jaxzoo_version": package_version()},
     )
     try:
-        return _train(args, run_dir, run_log, stop, background, run_chunk, trace_count, state, seeds, evaluate,
-                      abstract_state, updates_done, clock_before_resume, compile_seconds, num_updates,
-                      steps_per_update, eval_every)
+        return _train(
+            args,
+            run_dir,
+            run_log,
+            stop,
+            background,
+            run_chunk,
+            trace_count,
+            state,
+            seeds,
+            evaluate,
+            abstract_state,
+            updates_done,
+            clock_before_resume,
+            compile_seconds,
+            num_updates,
+            steps_per_update,
+            eval_every,
+        )
     finally:
         run_log.close()
 
 
-def _train(args, run_dir, run_log, stop, background, run_chunk, trace_count, state, seeds, evaluate, abstract_state,
-           updates_done, clock_before_resume, compile_seconds, num_updates, steps_per_update, eval_every):
+def _train(
+    args,
+    run_dir,
+    run_log,
+    stop,
+    background,
+    run_chunk,
+    trace_count,
+    state,
+    seeds,
+    evaluate,
+    abstract_state,
+    updates_done,
+    clock_before_resume,
+    compile_seconds,
+    num_updates,
+    steps_per_update,
+    eval_every,
+):
     """The chunked loop, the final evaluation and eval.json."""
     run_log.print(
         f"{args.env_id}: {args.num_seeds} seed(s) x {num_updates} updates x {steps_per_update} steps "
-        f"-> {run_log.dir}" + (f" (resumed at update {updates_done})" if args.resume else "")
+        f"-> {run_log.dir}"
+        + (f" (resumed at update {updates_done})" if args.resume else "")
         + f"; compiled in {compile_seconds:.1f}s"
     )
 
@@ -369,7 +441,9 @@ def _train(args, run_dir, run_log, stop, background, run_chunk, trace_count, sta
     # Run once, it compiles unoptimised; run every `eval_every` updates, it runs
     # long enough to be worth optimising (UniZero's search: 2.6x faster).
     eval_lowered = jax.jit(
-        over_seeds(lambda state, seed: evaluate(state, jax.random.fold_in(jax.random.key(seed), 1)), args.num_seeds, (0, 0)),
+        over_seeds(
+            lambda state, seed: evaluate(state, jax.random.fold_in(jax.random.key(seed), 1)), args.num_seeds, (0, 0)
+        ),
         compiler_options=None if eval_every else RUN_ONCE,
     ).lower(abstract_state, seeds)
     compiled_eval = None  # a future, started once the first chunk has run
@@ -391,7 +465,9 @@ def _train(args, run_dir, run_log, stop, background, run_chunk, trace_count, sta
         # measured time can be shortened by the overlap with the one before it.
         clock["seconds_per_update"] = max(clock["seconds_per_update"] or 0.0, elapsed / count)
         update_index = np.arange(first_update + 1, first_update + count + 1)
-        metrics["steps_per_second"] = np.full((args.num_seeds, count), count * steps_per_update * args.num_seeds / elapsed)
+        metrics["steps_per_second"] = np.full(
+            (args.num_seeds, count), count * steps_per_update * args.num_seeds / elapsed
+        )
         metrics["wall_seconds"] = np.full((args.num_seeds, count), clock_before_resume + now - start)
         if eval_every:
             metrics["eval_return"] = np.full((args.num_seeds, count), np.nan)
@@ -460,31 +536,48 @@ def _train(args, run_dir, run_log, stop, background, run_chunk, trace_count, sta
     train_seconds = time.perf_counter() - start
     run_log.progress(updates_done * steps_per_update, final=True)
     if stop.signum is not None and updates_done < num_updates:
-        saved = (f"checkpoint at update {last_checkpoint} written" if args.save_model
-                 else "no checkpoint (--no-save-model)")
-        run_log.print(f"stopped by {signal.Signals(stop.signum).name} after update {updates_done} of {num_updates}; "
-                      f"{saved}. Resume with:\n  {resume_command(run_log.dir)}")
+        saved = (
+            f"checkpoint at update {last_checkpoint} written" if args.save_model else "no checkpoint (--no-save-model)"
+        )
+        run_log.print(
+            f"stopped by {signal.Signals(stop.signum).name} after update {updates_done} of {num_updates}; "
+            f"{saved}. Resume with:\n  {resume_command(run_log.dir)}"
+        )
         raise SystemExit(128 + stop.signum)
 
     if eval_returns is None:
         start_eval_compile()  # a no-op unless resumed at the end (no chunk ran)
         eval_returns = np.asarray(compiled_eval.result()(state, seeds))
     if not np.isfinite(eval_returns).all():
-        raise cli.Diverged(f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "
-                           f"no eval.json was written (run directory {run_log.dir})")
+        raise cli.Diverged(
+            f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "
+            f"no eval.json was written (run directory {run_log.dir})"
+        )
     # MPO's skip-and-count policy: `skipped_updates` is each seed's running count.
-    summary = {"skipped_updates": int(history["skipped_updates"][-1][:, -1].sum())} if "skipped_updates" in history else {}
+    summary = (
+        {"skipped_updates": int(history["skipped_updates"][-1][:, -1].sum())} if "skipped_updates" in history else {}
+    )
     run_log.print(
         f"greedy evaluation, {args.eval_episodes} episodes x {args.num_seeds} seed(s): "
         f"{eval_returns.mean():.2f} +- {eval_returns.std():.2f} (per seed: "
         + ", ".join(f"{r:.1f}" for r in eval_returns.mean(1))
         + f"); training loop {train_seconds:.1f}s"
-        + (f"; learner steps skipped for non-finite batches, all seeds: {summary['skipped_updates']}" if summary else "")
+        + (
+            f"; learner steps skipped for non-finite batches, all seeds: {summary['skipped_updates']}"
+            if summary
+            else ""
+        )
     )
     run_log.write_json(
         "eval.json",
-        {"returns": eval_returns, "mean": float(eval_returns.mean()), "compile_seconds": compile_seconds,
-         "train_seconds": train_seconds, "chunk_traces": trace_count(), **summary},
+        {
+            "returns": eval_returns,
+            "mean": float(eval_returns.mean()),
+            "compile_seconds": compile_seconds,
+            "train_seconds": train_seconds,
+            "chunk_traces": trace_count(),
+            **summary,
+        },
     )
     stacked = {k: np.concatenate(v, axis=1) for k, v in history.items()}
     return RunResult(str(run_log.dir), state, stacked, eval_returns, trace_count(), compile_seconds, train_seconds)
