@@ -68,9 +68,10 @@ class RunResult:
     train_seconds: float  # wall time of the training loop (compiled code, logging, checkpoints)
 
 
-# A chunk dispatched after the first two holds at most as many updates as run
-# in about this many seconds (and at most `log_every`), so a slow algorithm
-# answers Ctrl-C / SIGTERM within a few seconds; fast ones keep `log_every`.
+# After a first chunk of one update (timed), a chunk holds at most as many
+# updates as run in about this many seconds (and at most `log_every`), so a
+# slow algorithm answers Ctrl-C / SIGTERM within a few seconds; fast ones keep
+# `log_every`.
 CHUNK_SECONDS = 2.0
 
 # Exit code of a run stopped by a signal: 128 + its number (130 for SIGINT, 143 for SIGTERM).
@@ -485,11 +486,14 @@ def _train(
             compiled_eval = background.submit(eval_lowered.compile)  # compiles while the next chunks run
 
     def next_chunk_size() -> int:
-        """`log_every`, or fewer updates for an algorithm slow enough that a
-        chunk would outlast CHUNK_SECONDS (measured on the chunks so far)."""
+        """The first chunk of a process is one update, timed before the next is
+        sized; later chunks hold `log_every` updates, or fewer for an algorithm
+        slow enough that a chunk would outlast CHUNK_SECONDS. A chunk never
+        crosses a multiple of `log_every`, so those stay chunk boundaries."""
         if clock["seconds_per_update"] is None:
-            return args.log_every
-        return int(np.clip(CHUNK_SECONDS // max(clock["seconds_per_update"], 1e-9), 1, args.log_every))
+            return 1
+        fits = int(np.clip(CHUNK_SECONDS // max(clock["seconds_per_update"], 1e-9), 1, args.log_every))
+        return min(fits, args.log_every - dispatched % args.log_every)
 
     # The loop is pipelined: a chunk is dispatched (asynchronously) before the
     # previous chunk's metrics are copied and written, so host work overlaps
@@ -527,11 +531,15 @@ def _train(
             if dispatched == num_updates:
                 eval_returns = np.asarray(evaluation)
         due = dispatched - last_checkpoint >= args.checkpoint_every or dispatched in (num_updates, stop_at)
-        if in_flight is not None and args.save_model and (due or stop.signum is not None):
-            record(*in_flight)
-            in_flight = None
+        if args.save_model and due and dispatched > last_checkpoint:
+            if in_flight is not None:
+                record(*in_flight)
+                in_flight = None
             checkpoint.save(run_log.dir, dispatched, state)
             last_checkpoint = dispatched
+        if in_flight is not None and clock["seconds_per_update"] is None:
+            record(*in_flight)  # the first chunk is timed before the next one is sized
+            in_flight = None
     updates_done = dispatched
     train_seconds = time.perf_counter() - start
     run_log.progress(updates_done * steps_per_update, final=True)
