@@ -4,6 +4,7 @@ did: exit code, the line it printed, and what the run directory holds after.
 
     python benchmarks/reliability.py faults   --out benchmarks/out/reliability_faults.md
     python benchmarks/reliability.py registry --out benchmarks/out/reliability_registry.md
+    python benchmarks/reliability.py latency  --out benchmarks/out/reliability_latency.md
 
 `faults` runs each script as a user would (a subprocess from the repository
 root, JAX's compilation cache shared between runs); `registry` builds every
@@ -26,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 ALGOS = ["ppo", "rainbow", "mpo", "world_models", "planet", "unizero", "unizero_ppo"]
@@ -204,13 +207,46 @@ def registry(out_path: Path) -> str:
     return "\n".join(lines)
 
 
+def latency(out_path: Path) -> str:
+    """Seconds from SIGTERM to exit on each file's default run (not the tiny
+    preset): started, signalled once its third metrics row is written (past
+    the first, timed chunk), with the time per update read from metrics.csv."""
+    lines = ["| file (default run) | seconds per update | SIGTERM to exit | exit code | checkpoint at |",
+             "|---|---|---|---|---|"]
+    for algo in ("ppo", "unizero"):
+        with tempfile.TemporaryDirectory(prefix=f"latency-{algo}-") as root:
+            process = subprocess.Popen(script(algo, "--run-root", root, tiny=False), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, cwd=ROOT)
+            end = time.time() + 900
+            while time.time() < end and process.poll() is None:
+                rows = [p.read_text().splitlines() for p in Path(root).rglob("metrics.csv")]
+                if rows and len({line.split(",")[0] for line in rows[0][1:]}) >= 3:
+                    break
+                time.sleep(0.05)
+            sent = time.time()
+            process.send_signal(signal.SIGTERM)
+            process.communicate(timeout=900)
+            answered = time.time() - sent
+            from jaxzoo import checkpoint, logger
+
+            run_dir = only_run_dir(Path(root))
+            metrics = logger.read_metrics(run_dir)
+            mine = metrics["seed_index"] == 0
+            ends, sizes = np.unique(metrics["wall_seconds"][mine], return_counts=True)  # one value per chunk
+            per_update = float(np.median(np.diff(ends) / sizes[1:])) if len(ends) > 1 else float("nan")
+            lines.append(f"| {algo}.py | {per_update:.3f} s | {answered:.1f} s | {process.returncode} | "
+                         f"update {checkpoint.latest_update(run_dir)} |")
+            print(lines[-1], file=sys.stderr, flush=True)
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("table", choices=["faults", "registry"])
+    parser.add_argument("table", choices=["faults", "registry", "latency"])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     start = time.time()
-    table = {"faults": faults, "registry": registry}[args.table](args.out)
+    table = {"faults": faults, "registry": registry, "latency": latency}[args.table](args.out)
     import platform
 
     header = (f"<!-- python benchmarks/reliability.py {args.table}; {time.strftime('%Y-%m-%d')}, "

@@ -267,3 +267,16 @@ def test_dmc_cartpole_swingup_runs_on_the_host(tmp_path):
     assert result.chunk_traces == 1 and result.eval_returns.shape == (1, 2) and np.isfinite(result.eval_returns).all()
     np.testing.assert_array_equal(result.metrics["episode_length"], [[1000]])  # the suite's time limit
     assert result.state.buffer.data.obs.shape[-3:] == (32, 32, 3)
+
+
+def test_max_grad_norm_zero_turns_clipping_off(tmp_path):
+    """0 is no clipping (the same update as an unreachable clip), not a clip to 0."""
+    after = {}
+    for max_grad_norm in (0.0, 1e9):
+        algo = planet.make_train(tiny(tmp_path, max_grad_norm=max_grad_norm))
+        state = algo.init(jax.random.key(0))
+        after[max_grad_norm] = (state.params, jax.jit(algo.update)(state)[0].params)
+    before, unclipped = after[0.0]
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(unclipped)))
+    for a, b in zip(jax.tree.leaves(unclipped), jax.tree.leaves(after[1e9][1])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
