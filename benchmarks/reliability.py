@@ -21,6 +21,7 @@ import dataclasses
 import fcntl
 import importlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,13 +47,17 @@ def run(command: list[str], timeout: float = 900) -> subprocess.CompletedProcess
 
 def said(process: subprocess.CompletedProcess, *markers: str) -> str:
     """The first line of the output holding one of `markers` (the error line
-    otherwise), without tyro's box drawing, shortened for a table cell."""
+    otherwise), without tyro's box drawing, temporary paths or a warning's
+    source location, shortened for a table cell."""
     text = (process.stdout or "") + "\n" + (process.stderr or "")
+    text = re.sub(r"/\S*/(reliability|latency)-[^/\s]+", "<tmp>", text)  # the temporary work directory
+    text = re.sub(r"\S+\.py:\d+: (\w+Warning)", r"\1", text)  # where a warning was raised
+    text = text.replace("Error parsing Args: ", "")
     lines = [" ".join(line.replace("│", " ").split()) for line in text.splitlines()]
     lines = [line for line in lines if line and not set(line) <= set("─╭╮╰╯ ")]
     hit = next((line for line in lines if any(m in line for m in markers)), None)
     hit = hit or next((line for line in lines if line.startswith(("error:", "diverged:", "Error"))), lines[-1] if lines else "")
-    return hit if len(hit) <= 160 else hit[:157] + "..."
+    return hit if len(hit) <= 120 else hit[:117] + "..."
 
 
 def cell(code: int, text: str) -> str:
@@ -99,12 +104,13 @@ def faults_of(algo: str, workdir: Path) -> dict[str, str]:
     # Arguments checked before anything is built.
     rate = LEARNING_RATES.get(algo, ("learning-rate",))[0]
     out = run(script(algo, f"--{rate}", "nan"))
-    rows[f"--{rate} nan"] = cell(out.returncode, said(out, "nan"))
+    rows["a learning rate of nan"] = cell(out.returncode, f"--{rate} nan: " + said(out, "nan"))
     out = run(script(algo, "--eval-episodes", "0"))
     rows["--eval-episodes 0"] = cell(out.returncode, said(out, "eval_episodes"))
     typo = "Pendulum-v2" if algo in CONTINUOUS_ONLY else "CartPole-v2"
     out = run(script(algo, "--env-id", typo))
-    rows[f"--env-id {typo}"] = cell(out.returncode, said(out, "did you mean", typo))
+    rows["an unknown --env-id (CartPole-v2, or Pendulum-v2 where continuous only)"] = cell(
+        out.returncode, said(out, "did you mean", typo))
     (root / "a-file").write_text("")
     out = run(script(algo, "--run-root", str(root / "a-file" / "runs")))
     rows["--run-root under a file"] = cell(out.returncode, said(out, "run_root"))
