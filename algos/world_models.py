@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
+import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -215,9 +216,9 @@ class VAE(nnx.Module):
         of 4 x 8 x depth features (the paper's 1024), ReLU transposed
         convolutions, the last one linear. The paper ends in a sigmoid; with the
         squared error on white-background frames the sigmoid saturates at 1 and
-        the small dark cart and pole never get a gradient (the V of the first
-        pixel-CartPole run stayed at the mean image), so the output is linear
-        (as PlaNet's decoder) and pictures clip it to [0, 1].
+        the small dark cart and pole get no gradient, so the output is linear
+        (as PlaNet's decoder) and pictures clip it to [0, 1]
+        (docs/world_models.md).
     """
 
     def __init__(self, image_shape: tuple[int, int, int], depth: int, z_size: int, rngs: nnx.Rngs):
@@ -377,11 +378,13 @@ class ControllerState(struct.PyTreeNode):
 # --------------------------------------------------------------------------- #
 def gaussian_kl_to_standard(mean: jax.Array, log_var: jax.Array) -> jax.Array:
     """KL(N(mean, exp(log_var)) || N(0, 1)) per dimension, [..., Z] -> [..., Z]:
-    0.5 (mean^2 + exp(log_var) - 1 - log_var) (Kingma & Welling 2014, app. B)."""
+    0.5 (mean^2 + exp(log_var) - 1 - log_var) (Kingma & Welling 2014, app. B).
+    Written out rather than distrax's Normal.kl_divergence: the closed form is
+    the paper's equation, and it reads log_var directly (no log of a std)."""
     return 0.5 * (jnp.square(mean) + jnp.exp(log_var) - 1.0 - log_var)
 
 
-def vae_loss(vae: VAE, frames: jax.Array, key: jax.Array, kl_weight: float, free_bits: float):
+def vae_loss(vae: VAE, frames: jax.Array, key: jax.Array, kl_weight: float | jax.Array, free_bits: float | jax.Array):
     """frames [B, S, S, C] in [0, 1] -> (loss [], metrics). The paper's
     objective: squared reconstruction error summed over pixels, plus the KL
     summed over z dimensions with a floor of free_bits * Z nats (below it the
@@ -401,25 +404,28 @@ def vae_loss(vae: VAE, frames: jax.Array, key: jax.Array, kl_weight: float, free
     }
 
 
+def mdn_distribution(logits: jax.Array, mean: jax.Array, log_std: jax.Array) -> distrax.MixtureSameFamily:
+    """M's p(z_{t+1}): per latent dimension a mixture of K Gaussians, logits /
+    mean / log_std [..., Z, K] -> a distribution of batch shape [..., Z]."""
+    return distrax.MixtureSameFamily(distrax.Categorical(logits=logits), distrax.Normal(mean, jnp.exp(log_std)))
+
+
 def mdn_log_prob(target: jax.Array, logits: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
-    """log p(target) under a mixture of K Gaussians per dimension: target [..., Z],
-    logits / mean / log_std [..., Z, K] -> [..., Z]:
-    log sum_k softmax(logits)_k N(target; mean_k, exp(log_std_k)^2), by logsumexp."""
-    log_weights = jax.nn.log_softmax(logits, axis=-1)
-    standardised = (target[..., None] - mean) * jnp.exp(-log_std)
-    log_normal = -0.5 * jnp.square(standardised) - log_std - 0.5 * jnp.log(2.0 * jnp.pi)
-    return jax.nn.logsumexp(log_weights + log_normal, axis=-1)
+    """log p(target) under the mixture, target [..., Z] -> [..., Z]:
+    log sum_k softmax(logits)_k N(target; mean_k, exp(log_std_k)^2) (distrax: by logsumexp)."""
+    return mdn_distribution(logits, mean, log_std).log_prob(target)
 
 
 def mdn_sample(key: jax.Array, logits: jax.Array, mean: jax.Array, log_std: jax.Array, temperature) -> jax.Array:
     """z [..., Z] from the mixture [..., Z, K] at temperature tau: component k ~
     softmax(logits / tau), then mean_k + std_k sqrt(tau) eps (the paper's
-    sampling, section 4.3). tau -> 0 gives the mean of the most likely component."""
+    sampling, section 4.3). tau -> 0 gives the mean of the most likely component.
+    In two steps rather than `MixtureSameFamily.sample`, which draws noise for
+    all K components and keeps one: this draws one per dimension."""
     component_key, noise_key = jax.random.split(key)
-    component = jax.random.categorical(component_key, logits / temperature, axis=-1)  # [..., Z]
+    component = distrax.Categorical(logits=logits / temperature).sample(seed=component_key)  # [..., Z]
     pick = lambda x: jnp.take_along_axis(x, component[..., None], axis=-1)[..., 0]
-    noise = jax.random.normal(noise_key, component.shape)
-    return pick(mean) + jnp.exp(pick(log_std)) * jnp.sqrt(temperature) * noise
+    return distrax.Normal(pick(mean), jnp.exp(pick(log_std)) * jnp.sqrt(temperature)).sample(seed=noise_key)
 
 
 def mdn_sequence_loss(mdn: MDNRNN, z: jax.Array, actions: jax.Array, rewards, terminated, valid):
