@@ -15,7 +15,9 @@ return in the real environment or inside M's "dream" (z sampled with
 temperature tau). Every stage is pure JAX: the random rollouts and each CMA-ES
 generation's whole population run as one vmapped, jitted program on a pixel
 CartPole rendered in JAX (common/pixels.py). The gymnasium CarRacing-v3 of the
-paper runs through a host-side path (needs box2d).
+paper runs through a host-side path (needs box2d). `make_train(args).train(key,
+hparams)` fuses every stage in one program; vmapped over a stacked
+`Hyperparams` it is a hyperparameter sweep in one compile.
 
     python algos/world_models.py                                  # pixel CartPole, all four stages
     python algos/world_models.py --preset pixel-cartpole-dream --stages controller --source-run RUN_DIR
