@@ -15,7 +15,9 @@ return in the real environment or inside M's "dream" (z sampled with
 temperature tau). Every stage is pure JAX: the random rollouts and each CMA-ES
 generation's whole population run as one vmapped, jitted program on a pixel
 CartPole rendered in JAX (common/pixels.py). The gymnasium CarRacing-v3 of the
-paper runs through a host-side path (needs box2d).
+paper runs through a host-side path (needs box2d). `make_train(args).train(key,
+hparams)` fuses every stage in one program; vmapped over a stacked
+`Hyperparams` it is a hyperparameter sweep in one compile.
 
     python algos/world_models.py                                  # pixel CartPole, all four stages
     python algos/world_models.py --preset pixel-cartpole-dream --stages controller --source-run RUN_DIR
@@ -27,6 +29,8 @@ Details, logged metrics and measured results: docs/world_models.md.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import signal
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
+import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -213,9 +218,9 @@ class VAE(nnx.Module):
         of 4 x 8 x depth features (the paper's 1024), ReLU transposed
         convolutions, the last one linear. The paper ends in a sigmoid; with the
         squared error on white-background frames the sigmoid saturates at 1 and
-        the small dark cart and pole never get a gradient (the V of the first
-        pixel-CartPole run stayed at the mean image), so the output is linear
-        (as PlaNet's decoder) and pictures clip it to [0, 1].
+        the small dark cart and pole get no gradient, so the output is linear
+        (as PlaNet's decoder) and pictures clip it to [0, 1]
+        (docs/world_models.md).
     """
 
     def __init__(self, image_shape: tuple[int, int, int], depth: int, z_size: int, rngs: nnx.Rngs):
@@ -321,12 +326,32 @@ class Rollouts(struct.PyTreeNode):
     valid: jax.Array  # [N, T] bool: step t happened (within the episode)
 
 
+class Hyperparams(struct.PyTreeNode):
+    """The float hyperparameters the jitted stages read. They live in the
+    stages' states (TrainState, ControllerState), so `train` can be vmapped
+    over a stacked Hyperparams: a sweep of every stage in one compile (stage 1,
+    the random rollouts, reads none; a host env such as CarRacing cannot be
+    traced, so its stages are not vmappable)."""
+
+    vae_learning_rate: jax.Array  # [] Adam learning rate of V
+    kl_weight: jax.Array  # [] weight of V's KL term against the reconstruction error
+    free_bits: jax.Array  # [] nats per latent dimension of V's KL that are not penalised
+    mdn_learning_rate: jax.Array  # [] Adam learning rate of M
+    cma_sigma: jax.Array  # [] initial CMA-ES step size of C's search
+    dream_temperature: jax.Array  # [] tau of M's sampling when C is scored in the dream
+
+    @classmethod
+    def from_args(cls, args: Args) -> Hyperparams:
+        return cls(*(jnp.float32(getattr(args, f.name)) for f in dataclasses.fields(cls)))
+
+
 class TrainState(struct.PyTreeNode):
     """V's or M's stage state: what a checkpoint holds."""
 
     params: Params  # V's and M's parameters (only one of them changes in a stage)
-    opt_state: optax.OptState
+    opt_state: optax.OptState  # optax.inject_hyperparams state: the learning rate is hparams'
     key: jax.Array
+    hparams: Hyperparams
 
 
 class CMAState(struct.PyTreeNode):
@@ -347,6 +372,7 @@ class ControllerState(struct.PyTreeNode):
     key: jax.Array
     best_params: jax.Array  # [P] best candidate seen
     best_fitness: jax.Array  # [] its fitness
+    hparams: Hyperparams
 
 
 # --------------------------------------------------------------------------- #
@@ -354,11 +380,13 @@ class ControllerState(struct.PyTreeNode):
 # --------------------------------------------------------------------------- #
 def gaussian_kl_to_standard(mean: jax.Array, log_var: jax.Array) -> jax.Array:
     """KL(N(mean, exp(log_var)) || N(0, 1)) per dimension, [..., Z] -> [..., Z]:
-    0.5 (mean^2 + exp(log_var) - 1 - log_var) (Kingma & Welling 2014, app. B)."""
+    0.5 (mean^2 + exp(log_var) - 1 - log_var) (Kingma & Welling 2014, app. B).
+    Written out rather than distrax's Normal.kl_divergence: the closed form is
+    the paper's equation, and it reads log_var directly (no log of a std)."""
     return 0.5 * (jnp.square(mean) + jnp.exp(log_var) - 1.0 - log_var)
 
 
-def vae_loss(vae: VAE, frames: jax.Array, key: jax.Array, kl_weight: float, free_bits: float):
+def vae_loss(vae: VAE, frames: jax.Array, key: jax.Array, kl_weight: float | jax.Array, free_bits: float | jax.Array):
     """frames [B, S, S, C] in [0, 1] -> (loss [], metrics). The paper's
     objective: squared reconstruction error summed over pixels, plus the KL
     summed over z dimensions with a floor of free_bits * Z nats (below it the
@@ -378,25 +406,28 @@ def vae_loss(vae: VAE, frames: jax.Array, key: jax.Array, kl_weight: float, free
     }
 
 
+def mdn_distribution(logits: jax.Array, mean: jax.Array, log_std: jax.Array) -> distrax.MixtureSameFamily:
+    """M's p(z_{t+1}): per latent dimension a mixture of K Gaussians, logits /
+    mean / log_std [..., Z, K] -> a distribution of batch shape [..., Z]."""
+    return distrax.MixtureSameFamily(distrax.Categorical(logits=logits), distrax.Normal(mean, jnp.exp(log_std)))
+
+
 def mdn_log_prob(target: jax.Array, logits: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
-    """log p(target) under a mixture of K Gaussians per dimension: target [..., Z],
-    logits / mean / log_std [..., Z, K] -> [..., Z]:
-    log sum_k softmax(logits)_k N(target; mean_k, exp(log_std_k)^2), by logsumexp."""
-    log_weights = jax.nn.log_softmax(logits, axis=-1)
-    standardised = (target[..., None] - mean) * jnp.exp(-log_std)
-    log_normal = -0.5 * jnp.square(standardised) - log_std - 0.5 * jnp.log(2.0 * jnp.pi)
-    return jax.nn.logsumexp(log_weights + log_normal, axis=-1)
+    """log p(target) under the mixture, target [..., Z] -> [..., Z]:
+    log sum_k softmax(logits)_k N(target; mean_k, exp(log_std_k)^2) (distrax: by logsumexp)."""
+    return mdn_distribution(logits, mean, log_std).log_prob(target)
 
 
 def mdn_sample(key: jax.Array, logits: jax.Array, mean: jax.Array, log_std: jax.Array, temperature) -> jax.Array:
     """z [..., Z] from the mixture [..., Z, K] at temperature tau: component k ~
     softmax(logits / tau), then mean_k + std_k sqrt(tau) eps (the paper's
-    sampling, section 4.3). tau -> 0 gives the mean of the most likely component."""
+    sampling, section 4.3). tau -> 0 gives the mean of the most likely component.
+    In two steps rather than `MixtureSameFamily.sample`, which draws noise for
+    all K components and keeps one: this draws one per dimension."""
     component_key, noise_key = jax.random.split(key)
-    component = jax.random.categorical(component_key, logits / temperature, axis=-1)  # [..., Z]
+    component = distrax.Categorical(logits=logits / temperature).sample(seed=component_key)  # [..., Z]
     pick = lambda x: jnp.take_along_axis(x, component[..., None], axis=-1)[..., 0]
-    noise = jax.random.normal(noise_key, component.shape)
-    return pick(mean) + jnp.exp(pick(log_std)) * jnp.sqrt(temperature) * noise
+    return distrax.Normal(pick(mean), jnp.exp(pick(log_std)) * jnp.sqrt(temperature)).sample(seed=noise_key)
 
 
 def mdn_sequence_loss(mdn: MDNRNN, z: jax.Array, actions: jax.Array, rewards, terminated, valid):
@@ -432,11 +463,13 @@ def cma_weights(population: int) -> jax.Array:
     return jnp.asarray(raw / raw.sum(), jnp.float32)
 
 
-def cma_init(mean: jax.Array, sigma: float) -> CMAState:
+def cma_init(mean: jax.Array, sigma: float | jax.Array) -> CMAState:
     """The search distribution N(mean, sigma^2 I) with empty evolution paths."""
     n = mean.shape[0]
     eye = jnp.eye(n)
-    return CMAState(mean, jnp.float32(sigma), eye, eye, jnp.ones(n), jnp.zeros(n), jnp.zeros(n), jnp.int32(0))
+    return CMAState(
+        mean, jnp.asarray(sigma, jnp.float32), eye, eye, jnp.ones(n), jnp.zeros(n), jnp.zeros(n), jnp.int32(0)
+    )
 
 
 def cma_ask(state: CMAState, key: jax.Array, population: int) -> jax.Array:
@@ -501,9 +534,10 @@ def controller_action(theta: jax.Array, z: jax.Array, h: jax.Array, action_size:
 # Training
 # --------------------------------------------------------------------------- #
 class Stage(NamedTuple):
-    """One stage for one seed: init(key, inputs) -> state; update(state, inputs)
-    -> (state, metrics of [] arrays); num_updates; steps per update (for the
-    global_step column); host=True when `update` steps host envs and cannot be jitted."""
+    """One stage for one seed: init(key, inputs, hparams=None) -> state;
+    update(state, inputs) -> (state, metrics of [] arrays); num_updates; steps
+    per update (for the global_step column); host=True when `update` steps host
+    envs and cannot be jitted."""
 
     init: Callable
     update: Callable
@@ -528,74 +562,85 @@ class WorldModels(NamedTuple):
     dream: Callable  # (params, theta [P], z0 [Z], key, steps, tau) -> (z [steps + 1, Z], done [steps]) one dream
     merge: Callable  # Params -> Models (V and M as modules)
     evaluate: Callable  # (params, theta [P], key) -> returns [eval_episodes]
-    train: Callable  # key -> (params, ControllerState, eval returns): every stage fused in one program
+    train: Callable  # (key, hparams=None) -> (params, ControllerState, eval returns): every stage in one program
     graphdef: Any
     spec: envs.EnvSpec
     num_params: int  # P, the controller's parameter count
     compiler_options: dict | None  # for every jax.jit of the host loop (Args.fast_compile)
 
 
-def make_train(args: Args) -> WorldModels:
-    host = args.env_id in HOST_ENVS
-    if host:
-        host_env = CarRacingHost(args)
-        spec = host_env.spec
-    else:
-        spec = envs.spec(*envs.make(args.env_id))
-    discrete = spec.discrete
-    action_size = spec.num_actions
-    low = None if discrete else jnp.asarray(spec.action_low, jnp.float32)
-    high = None if discrete else jnp.asarray(spec.action_high, jnp.float32)
-    graphdef = nnx.split(nnx.eval_shape(lambda: Models(args, action_size, nnx.Rngs(0))), VAE_PART, ...)[0]
-    Z, H = args.z_size, args.rnn_size
-    num_params = action_size * (Z + H) + action_size
-    max_steps = args.controller_max_steps or spec.max_episode_steps
-    N, T = args.num_rollouts, args.rollout_steps
+class Setup(NamedTuple):
+    """The static configuration every stage's functions close over (built once by `make_train`)."""
 
-    def env_action(raw: jax.Array) -> jax.Array:
+    args: Args
+    spec: envs.EnvSpec  # the env's action space and time limit
+    graphdef: Any  # of Models, split into V's part and M's
+    num_params: int  # P = A (Z + H) + A, the controller's parameter count
+    max_steps: int  # the longest scored episode, real or dreamed
+    host_env: CarRacingHost | None  # the gymnasium env stepped on the host, or None (pure JAX)
+
+    def make_env(self, n: int):
+        """n pixel envs batched in one gymnax env -> (env, env_params)."""
+        return pixels.make(self.args.env_id, n, size=self.args.image_size, grayscale=self.args.grayscale)
+
+    def env_action(self, raw: jax.Array) -> jax.Array:
         """C's raw output [..., A] -> the env's action: argmax for discrete
         actions, else tanh squashed into [low, high]."""
-        if low is None or high is None:  # discrete
+        if self.spec.discrete:
             return jnp.argmax(raw, axis=-1)
+        low, high = (jnp.asarray(x, jnp.float32) for x in (self.spec.action_low, self.spec.action_high))
         return low + (jnp.tanh(raw) + 1.0) * 0.5 * (high - low)
 
-    def model_action(action: jax.Array) -> jax.Array:
+    def model_action(self, action: jax.Array) -> jax.Array:
         """The env's action -> M's input [..., A]: one-hot for discrete actions."""
-        return jax.nn.one_hot(action, action_size) if discrete else action
+        return jax.nn.one_hot(action, self.spec.num_actions) if self.spec.discrete else action
 
-    def to_float(frames: jax.Array) -> jax.Array:
-        return frames.astype(jnp.float32) / 255.0
+    def merge(self, params: Params) -> Models:
+        return nnx.merge(self.graphdef, params.vae, params.mdn)
 
-    def merge(params: Params) -> Models:
-        return nnx.merge(graphdef, params.vae, params.mdn)
+    def fresh_params(self, key: jax.Array) -> Params:
+        return Params(*nnx.split(Models(self.args, self.spec.num_actions, nnx.Rngs(key)), VAE_PART, ...)[1:])
 
-    def fresh_params(key) -> Params:
-        return Params(*nnx.split(Models(args, action_size, nnx.Rngs(key)), VAE_PART, ...)[1:])
+    def encode(self, params: Params, frames: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """frames [..., S, S, C] uint8 -> V's posterior (mean, log_var) [..., Z]."""
+        return self.merge(params).vae.encode(to_float(frames))
 
-    def encode(params, frames):
-        return merge(params).vae.encode(to_float(frames))
+    def zero_carry(self, batch: int) -> tuple[jax.Array, jax.Array]:
+        """M's LSTM state (c, h) at an episode's start, [batch, H] each."""
+        H = self.args.rnn_size
+        return (jnp.zeros((batch, H)), jnp.zeros((batch, H)))
 
-    # ----- stage 1: random rollouts ---------------------------------------- #
-    make_env = lambda n: pixels.make(args.env_id, n, size=args.image_size, grayscale=args.grayscale)  # noqa: E731
-    env, env_params = make_env(N) if not host else (None, None)
 
-    def collect_init(key, _inputs=None) -> Rollouts:
+def to_float(frames: jax.Array) -> jax.Array:
+    """uint8 frames -> float frames in [0, 1] (what V reads)."""
+    return frames.astype(jnp.float32) / 255.0
+
+
+# ----- stage 1: random rollouts -------------------------------------------- #
+def collect_stage(setup: Setup) -> Stage:
+    """Stage 1: `num_rollouts` random-policy episodes (one update that only
+    reports statistics of the collected data)."""
+    args, spec = setup.args, setup.spec
+    N, T = args.num_rollouts, args.rollout_steps
+
+    def init(key, _inputs=None, _hparams=None) -> Rollouts:
         """N uniformly random episodes from reset, vmapped, T steps in a scan;
         after an episode's end its env keeps stepping but nothing is valid."""
+        env, env_params = setup.make_env(N)
         reset_key, key = jax.random.split(key)
-        assert env is not None, "a host env collects through CarRacingHost"
         obs, env_state = env.reset(reset_key, env_params)
 
         def step(carry, key):
             env_state, obs, alive = carry
             action_key, step_key = jax.random.split(key)
-            if discrete:
-                action = jax.random.randint(action_key, (N,), 0, action_size)
+            if spec.discrete:
+                action = jax.random.randint(action_key, (N,), 0, spec.num_actions)
             else:
-                action = jax.random.uniform(action_key, (N, action_size), minval=low, maxval=high)
+                low, high = (jnp.asarray(x, jnp.float32) for x in (spec.action_low, spec.action_high))
+                action = jax.random.uniform(action_key, (N, spec.num_actions), minval=low, maxval=high)
             next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
             out = (
-                model_action(action),
+                setup.model_action(action),
                 reward * alive,
                 terminated & alive,
                 alive,
@@ -611,8 +656,8 @@ def make_train(args: Args) -> WorldModels:
         swap = lambda x: jnp.swapaxes(x, 0, 1)
         return Rollouts(swap(frames), swap(actions), swap(rewards), swap(terminated), swap(valid))
 
-    def collect_update(state, _inputs=None):
-        lengths = state.valid.sum(1)
+    def update(state: Rollouts, _inputs=None):
+        lengths = state.valid.sum(1)  # [N]
         return state, {
             "random_episode_length": lengths.mean(),
             "random_episode_return": state.rewards.sum(1).mean(),
@@ -620,73 +665,116 @@ def make_train(args: Args) -> WorldModels:
             "episodes_cut": (lengths == T).mean() * 1.0,
         }
 
-    # ----- stage 2: V ------------------------------------------------------ #
-    vae_tx = optax.adam(args.vae_learning_rate)
-    clip = [optax.clip_by_global_norm(args.mdn_grad_clip)] if args.mdn_grad_clip > 0 else []
-    mdn_tx = optax.chain(*clip, optax.adam(args.mdn_learning_rate))
+    host_env = setup.host_env
+    if host_env is not None:
+        return Stage(lambda key, _inputs=None, _hparams=None: host_env.collect(key), update, 1, N * T, host=True)
+    return Stage(init, update, 1, N * T)
 
-    def frame_valid(data: Rollouts) -> jax.Array:
-        """[N, T + 1] bool: frame 0 and every frame a valid step reached."""
-        return jnp.concatenate([jnp.ones((data.valid.shape[0], 1), bool), data.valid], axis=1)
 
-    def vae_init(key, data: Rollouts) -> TrainState:
+def rollouts_shape(args: Args, action_size: int) -> Rollouts:
+    """The shapes stage 1 produces (of jax.ShapeDtypeStruct), for jax.eval_shape and restoring."""
+    N, T = args.num_rollouts, args.rollout_steps
+    shapes: list[Any] = [
+        jax.ShapeDtypeStruct((N, T + 1, *args.image_shape), jnp.uint8),
+        jax.ShapeDtypeStruct((N, T, action_size), jnp.float32),
+        jax.ShapeDtypeStruct((N, T), jnp.float32),
+        jax.ShapeDtypeStruct((N, T), jnp.bool_),
+        jax.ShapeDtypeStruct((N, T), jnp.bool_),
+    ]
+    return Rollouts(*shapes)
+
+
+# ----- stage 2: V ---------------------------------------------------------- #
+def frame_valid(data: Rollouts) -> jax.Array:
+    """[N, T + 1] bool: frame 0 and every frame a valid step reached."""
+    return jnp.concatenate([jnp.ones((data.valid.shape[0], 1), bool), data.valid], axis=1)
+
+
+def with_learning_rate(opt_state, learning_rate: jax.Array):
+    """An `optax.inject_hyperparams` state with its learning rate set (from the stage's Hyperparams)."""
+    return opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": learning_rate})
+
+
+def vae_stage(setup: Setup) -> Stage:
+    """Stage 2: V trained on frames drawn uniformly from the rollouts (inputs: Rollouts)."""
+    args = setup.args
+    # Only the learning rate is injected: Adam's b1, b2, eps stay constants (bit-identical numerics).
+    tx = optax.inject_hyperparams(lambda learning_rate: optax.adam(learning_rate))(learning_rate=args.vae_learning_rate)
+
+    def init(key, data: Rollouts, hparams: Hyperparams | None = None) -> TrainState:
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
         model_key, key = jax.random.split(key)
-        params = fresh_params(model_key)
-        return TrainState(params, vae_tx.init(params.vae), key)
+        params = setup.fresh_params(model_key)
+        return TrainState(params, tx.init(params.vae), key, hparams)
 
-    def vae_update(state: TrainState, data: Rollouts):
-        """`vae_batches` Adam steps, each on frames drawn uniformly (with
-        replacement) from all collected frames."""
-        flat_frames = data.frames.reshape((-1, *args.image_shape))
+    def update(state: TrainState, data: Rollouts):
+        """`vae_batches` Adam steps, each on `vae_batch_size` frames drawn
+        uniformly (with replacement) from all N (T + 1) collected frames."""
+        flat_frames = data.frames.reshape((-1, *args.image_shape))  # [N (T + 1), S, S, C]
         probabilities = frame_valid(data).reshape(-1).astype(jnp.float32)
         probabilities = probabilities / probabilities.sum()
+        hp = state.hparams
 
         def step(carry, key):
             vae_params, opt_state = carry
             index_key, loss_key = jax.random.split(key)
             index = jax.random.choice(index_key, flat_frames.shape[0], (args.vae_batch_size,), p=probabilities)
-            frames = to_float(flat_frames[index])
+            frames = to_float(flat_frames[index])  # [B, S, S, C]
 
             def loss_fn(vae_params):
-                vae = merge(state.params._replace(vae=vae_params)).vae
-                return vae_loss(vae, frames, loss_key, args.kl_weight, args.free_bits)
+                vae = setup.merge(state.params._replace(vae=vae_params)).vae
+                return vae_loss(vae, frames, loss_key, hp.kl_weight, hp.free_bits)
 
             grads, metrics = jax.grad(loss_fn, has_aux=True)(vae_params)
-            updates, opt_state = vae_tx.update(grads, opt_state, vae_params)
+            updates, opt_state = tx.update(grads, opt_state, vae_params)
             return (optax.apply_updates(vae_params, updates), opt_state), metrics
 
         key, steps_key = jax.random.split(state.key)
+        opt_state = with_learning_rate(state.opt_state, hp.vae_learning_rate)
         (vae_params, opt_state), metrics = jax.lax.scan(
-            step, (state.params.vae, state.opt_state), jax.random.split(steps_key, args.vae_batches)
+            step, (state.params.vae, opt_state), jax.random.split(steps_key, args.vae_batches)
         )
-        return TrainState(state.params._replace(vae=vae_params), opt_state, key), jax.tree.map(jnp.mean, metrics)
+        new = state.replace(params=state.params._replace(vae=vae_params), opt_state=opt_state, key=key)
+        return new, jax.tree.map(jnp.mean, metrics)
 
-    # ----- stage 3: M ------------------------------------------------------ #
-    def encode_rollouts(params, data: Rollouts):
-        """(mean, log_var) [N, T + 1, Z] of every frame, a rollout at a time."""
-        return jax.lax.map(lambda frames: encode(params, frames), data.frames)
+    return Stage(init, update, args.vae_updates, args.vae_batches * args.vae_batch_size)
 
-    def mdn_init(key, inputs) -> TrainState:
+
+# ----- stage 3: M ---------------------------------------------------------- #
+def mdn_stage(setup: Setup) -> Stage:
+    """Stage 3: M trained on whole rollouts of V's latents, V fixed (inputs:
+    (Rollouts, params after V, V's (mean, log_var) [N, T + 1, Z]))."""
+    args, N = setup.args, setup.args.num_rollouts
+
+    def make_optimizer(learning_rate):
+        clip = [optax.clip_by_global_norm(args.mdn_grad_clip)] if args.mdn_grad_clip > 0 else []
+        return optax.chain(*clip, optax.adam(learning_rate))
+
+    tx = optax.inject_hyperparams(make_optimizer)(learning_rate=args.mdn_learning_rate)
+
+    def init(key, inputs, hparams: Hyperparams | None = None) -> TrainState:
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
         _, params, _ = inputs
         model_key, key = jax.random.split(key)
-        params = params._replace(mdn=fresh_params(model_key).mdn)
-        return TrainState(params, mdn_tx.init(params.mdn), key)
+        params = params._replace(mdn=setup.fresh_params(model_key).mdn)
+        return TrainState(params, tx.init(params.mdn), key, hparams)
 
-    def mdn_update(state: TrainState, inputs):
-        """`mdn_batches` Adam steps on random whole rollouts; z is resampled
-        from V's posterior at every step (the paper trains M on sampled z)."""
-        data, _, (z_mean, z_log_var) = inputs  # V's posterior of every frame [N, T + 1, Z]; V is fixed now
+    def update(state: TrainState, inputs):
+        """`mdn_batches` Adam steps on `mdn_batch_size` random whole rollouts;
+        z is resampled from V's posterior at every step (the paper trains M on
+        sampled z)."""
+        data, _, (z_mean, z_log_var) = inputs  # V's posterior of every frame [N, T + 1, Z]; V stays fixed
 
         def step(carry, key):
             mdn_params, opt_state = carry
             index_key, noise_key = jax.random.split(key)
             index = jax.random.choice(index_key, N, (args.mdn_batch_size,), replace=False)
-            time_major = lambda x: jnp.swapaxes(x[index], 0, 1)
+            time_major = lambda x: jnp.swapaxes(x[index], 0, 1)  # [B, T, ...] -> [T, B, ...]
             mean, log_var = time_major(z_mean), time_major(z_log_var)
-            z = mean + jnp.exp(0.5 * log_var) * jax.random.normal(noise_key, mean.shape)
+            z = mean + jnp.exp(0.5 * log_var) * jax.random.normal(noise_key, mean.shape)  # [T + 1, B, Z]
 
             def loss_fn(mdn_params):
-                mdn = merge(state.params._replace(mdn=mdn_params)).mdn
+                mdn = setup.merge(state.params._replace(mdn=mdn_params)).mdn
                 return mdn_sequence_loss(
                     mdn,
                     z,
@@ -697,120 +785,148 @@ def make_train(args: Args) -> WorldModels:
                 )
 
             grads, metrics = jax.grad(loss_fn, has_aux=True)(mdn_params)
-            updates, opt_state = mdn_tx.update(grads, opt_state, mdn_params)
+            updates, opt_state = tx.update(grads, opt_state, mdn_params)
             return (optax.apply_updates(mdn_params, updates), opt_state), metrics
 
         key, steps_key = jax.random.split(state.key)
+        opt_state = with_learning_rate(state.opt_state, state.hparams.mdn_learning_rate)
         (mdn_params, opt_state), metrics = jax.lax.scan(
-            step, (state.params.mdn, state.opt_state), jax.random.split(steps_key, args.mdn_batches)
+            step, (state.params.mdn, opt_state), jax.random.split(steps_key, args.mdn_batches)
         )
-        return TrainState(state.params._replace(mdn=mdn_params), opt_state, key), jax.tree.map(jnp.mean, metrics)
+        new = state.replace(params=state.params._replace(mdn=mdn_params), opt_state=opt_state, key=key)
+        return new, jax.tree.map(jnp.mean, metrics)
 
-    # ----- stage 4: C ------------------------------------------------------ #
-    def zero_carry(batch: int):
-        return (jnp.zeros((batch, H)), jnp.zeros((batch, H)))
+    return Stage(init, update, args.mdn_updates, args.mdn_batches * args.mdn_batch_size * args.rollout_steps)
 
-    def policy_step(params, thetas, frames, carry):
-        """Acting with V, M and C for a batch [B]: frames [B, S, S, C] uint8 ->
-        (env actions [B] or [B, A], next LSTM carry). z is V's posterior mean."""
-        models = merge(params)
-        z, _ = models.vae.encode(to_float(frames))  # [B, Z]
-        action = env_action(controller_action(thetas, z, carry[1], action_size))
-        carry, _ = models.mdn.step(carry, z, model_action(action))
-        return action, carry
 
-    def real_returns(params, thetas, key, steps: int):
-        """One real episode per controller in thetas [B, P] -> returns [B]; a
-        while loop that stops when every episode has ended (or after `steps`)."""
-        batch = thetas.shape[0]
-        batched_env, _ = make_env(batch)
-        reset_key, key = jax.random.split(key)
-        obs, env_state = batched_env.reset(reset_key, env_params)
+def encode_rollouts(setup: Setup, params: Params, data: Rollouts):
+    """(mean, log_var) [N, T + 1, Z] of every frame, a rollout at a time."""
+    return jax.lax.map(lambda frames: setup.encode(params, frames), data.frames)
 
-        def body(carry):
-            t, key, env_state, obs, lstm, alive, returns = carry
-            key, step_key = jax.random.split(key)
-            action, lstm = policy_step(params, thetas, pixels_to_uint8(obs), lstm)
-            obs, env_state, reward, terminated, truncated, _ = batched_env.step(step_key, env_state, action, env_params)
-            returns = returns + reward * alive
-            return t + 1, key, env_state, obs, lstm, alive & ~(terminated | truncated), returns
 
-        cond = lambda carry: (carry[0] < steps) & carry[5].any()
-        init = (jnp.int32(0), key, env_state, obs, zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
-        return jax.lax.while_loop(cond, body, init)[-1]
+def initial_latents(setup: Setup, params: Params, data: Rollouts) -> jax.Array:
+    """V's posterior of every rollout's first frame, (mean, log_var) stacked: [N, 2, Z]."""
+    mean, log_var = setup.encode(params, data.frames[:, 0])
+    return jnp.stack([mean, log_var], axis=1)
 
-    def dream_step(models, theta, z, carry, key, temperature=args.dream_temperature):
-        """One step inside M: (z [B, Z], carry) -> (z', carry, reward [B], done [B])."""
-        action = env_action(controller_action(theta, z, carry[1], action_size))
-        carry, out = models.mdn.step(carry, z, model_action(action))
-        z_next = mdn_sample(key, out.logits, out.mean, out.log_std, temperature)
-        return z_next, carry, out.reward, out.done_logit > 0.0
 
-    def dream_returns(params, thetas, latents, key, steps: int):
-        """One dreamed episode per controller [B, P] -> returns [B]: z_0 sampled
-        from V's posterior of a random real first frame, then M at temperature
-        tau; M's predicted rewards add up until its done head fires (p > 0.5)."""
-        models = merge(params)
-        batch = thetas.shape[0]
-        start_key, noise_key, key = jax.random.split(key, 3)
-        start = latents[jax.random.randint(start_key, (batch,), 0, latents.shape[0])]  # [B, 2, Z]
-        z = start[:, 0] + jnp.exp(0.5 * start[:, 1]) * jax.random.normal(noise_key, (batch, Z))
+# ----- stage 4: C, acting in the real env and in M's dream ------------------ #
+def policy_step(setup: Setup, params: Params, thetas, frames, carry):
+    """Acting with V, M and C for a batch [B]: frames [B, S, S, C] uint8 ->
+    (env actions [B] or [B, A], next LSTM carry). z is V's posterior mean."""
+    models = setup.merge(params)
+    z, _ = models.vae.encode(to_float(frames))  # [B, Z]
+    action = setup.env_action(controller_action(thetas, z, carry[1], setup.spec.num_actions))
+    carry, _ = models.mdn.step(carry, z, setup.model_action(action))
+    return action, carry
 
-        def body(carry):
-            t, key, z, lstm, alive, returns = carry
-            key, step_key = jax.random.split(key)
-            z, lstm, reward, done = dream_step(models, thetas, z, lstm, step_key)
-            return t + 1, key, z, lstm, alive & ~done, returns + reward * alive
 
-        cond = lambda carry: (carry[0] < steps) & carry[4].any()
-        init = (jnp.int32(0), key, z, zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
-        return jax.lax.while_loop(cond, body, init)[-1]
+def real_returns(setup: Setup, params: Params, thetas: jax.Array, key: jax.Array, steps: int) -> jax.Array:
+    """One real episode per controller in thetas [B, P] -> returns [B]; a
+    while loop that stops when every episode has ended (or after `steps`). A
+    host env (CarRacing) steps in Python instead (CarRacingHost.returns)."""
+    if setup.host_env is not None:
+        return setup.host_env.returns(
+            params, thetas, key, steps, functools.partial(policy_step, setup), setup.zero_carry
+        )
+    batch = thetas.shape[0]
+    batched_env, env_params = setup.make_env(batch)
+    reset_key, key = jax.random.split(key)
+    obs, env_state = batched_env.reset(reset_key, env_params)
 
-    def dream(params, theta, z0, key, steps: int, temperature: float = args.dream_temperature):
-        """One dream of `steps` steps from z0 [Z] (for pictures): (z [steps + 1, Z], done [steps])."""
-        models = merge(params)
+    def body(carry):
+        t, key, env_state, obs, lstm, alive, returns = carry
+        key, step_key = jax.random.split(key)
+        action, lstm = policy_step(setup, params, thetas, pixels_to_uint8(obs), lstm)
+        obs, env_state, reward, terminated, truncated, _ = batched_env.step(step_key, env_state, action, env_params)
+        returns = returns + reward * alive
+        return t + 1, key, env_state, obs, lstm, alive & ~(terminated | truncated), returns
 
-        def step(carry, key):
-            z, lstm = carry
-            z_next, lstm, _, done = dream_step(models, theta[None], z, lstm, key, temperature)
-            return (z_next, lstm), (z_next[0], done[0])
+    cond = lambda carry: (carry[0] < steps) & carry[5].any()
+    init = (jnp.int32(0), key, env_state, obs, setup.zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
+    return jax.lax.while_loop(cond, body, init)[-1]
 
-        _, (zs, dones) = jax.lax.scan(step, (z0[None], zero_carry(1)), jax.random.split(key, steps))
-        return jnp.concatenate([z0[None], zs]), dones
 
-    def initial_latents(params, data: Rollouts) -> jax.Array:
-        mean, log_var = encode(params, data.frames[:, 0])
-        return jnp.stack([mean, log_var], axis=1)  # [N, 2, Z]
+def dream_step(setup: Setup, models: Models, theta, z, carry, key, temperature):
+    """One step inside M: (z [B, Z], carry) -> (z', carry, reward [B], done [B])."""
+    action = setup.env_action(controller_action(theta, z, carry[1], setup.spec.num_actions))
+    carry, out = models.mdn.step(carry, z, setup.model_action(action))
+    z_next = mdn_sample(key, out.logits, out.mean, out.log_std, temperature)
+    return z_next, carry, out.reward, out.done_logit > 0.0
 
-    def controller_init(key, inputs) -> ControllerState:
+
+def dream_returns(setup: Setup, params: Params, thetas, latents, key, steps: int, temperature) -> jax.Array:
+    """One dreamed episode per controller [B, P] -> returns [B]: z_0 sampled
+    from V's posterior of a random real first frame (latents [N, 2, Z]), then M
+    at temperature tau; M's predicted rewards add up until its done head fires
+    (p > 0.5)."""
+    models = setup.merge(params)
+    batch = thetas.shape[0]
+    start_key, noise_key, key = jax.random.split(key, 3)
+    start = latents[jax.random.randint(start_key, (batch,), 0, latents.shape[0])]  # [B, 2, Z]
+    z = start[:, 0] + jnp.exp(0.5 * start[:, 1]) * jax.random.normal(noise_key, (batch, setup.args.z_size))
+
+    def body(carry):
+        t, key, z, lstm, alive, returns = carry
+        key, step_key = jax.random.split(key)
+        z, lstm, reward, done = dream_step(setup, models, thetas, z, lstm, step_key, temperature)
+        return t + 1, key, z, lstm, alive & ~done, returns + reward * alive
+
+    cond = lambda carry: (carry[0] < steps) & carry[4].any()
+    init = (jnp.int32(0), key, z, setup.zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
+    return jax.lax.while_loop(cond, body, init)[-1]
+
+
+def dream(setup: Setup, params: Params, theta, z0, key, steps: int, temperature: float | None = None):
+    """One dream of `steps` steps from z0 [Z] (for pictures): (z [steps + 1, Z], done [steps])."""
+    temperature = setup.args.dream_temperature if temperature is None else temperature
+    models = setup.merge(params)
+
+    def step(carry, key):
+        z, lstm = carry
+        z_next, lstm, _, done = dream_step(setup, models, theta[None], z, lstm, key, temperature)
+        return (z_next, lstm), (z_next[0], done[0])
+
+    _, (zs, dones) = jax.lax.scan(step, (z0[None], setup.zero_carry(1)), jax.random.split(key, steps))
+    return jnp.concatenate([z0[None], zs]), dones
+
+
+def controller_stage(setup: Setup) -> Stage:
+    """Stage 4: C evolved by CMA-ES, one generation per update (inputs:
+    (params after M, initial latents [N, 2, Z])). Scored in the real env
+    through V and M, or in M's dream."""
+    args, P = setup.args, setup.num_params
+
+    def init(key, inputs, hparams: Hyperparams | None = None) -> ControllerState:
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
         return ControllerState(
-            cma_init(jnp.zeros(num_params), args.cma_sigma), key, jnp.zeros(num_params), jnp.float32(-jnp.inf)
+            cma_init(jnp.zeros(P), hparams.cma_sigma), key, jnp.zeros(P), jnp.float32(-jnp.inf), hparams
         )
 
-    def fitness(params, candidates, latents, key):
+    def fitness(params, candidates, latents, key, hparams: Hyperparams) -> jax.Array:
         """Mean return over `trials` episodes of each candidate [population, P] -> [population]."""
         thetas = jnp.repeat(candidates, args.trials, axis=0)  # [population * trials, P]
         if args.controller_env == "dream":
-            returns = dream_returns(params, thetas, latents, key, max_steps)
+            returns = dream_returns(setup, params, thetas, latents, key, setup.max_steps, hparams.dream_temperature)
         else:
-            returns = real_returns(params, thetas, key, max_steps)
+            returns = real_returns(setup, params, thetas, key, setup.max_steps)
         return returns.reshape(args.population, args.trials).mean(1)
 
-    def controller_update(state: ControllerState, inputs, fitness_fn=None):
+    def update(state: ControllerState, inputs):
         """One CMA-ES generation: ask, score the whole population (vmapped
         episodes, one program), tell."""
         params, latents = inputs
         key, ask_key, score_key = jax.random.split(state.key, 3)
-        candidates = cma_ask(state.cma, ask_key, args.population)
-        scores = (fitness_fn or fitness)(params, candidates, latents, score_key)
+        candidates = cma_ask(state.cma, ask_key, args.population)  # [population, P]
+        scores = fitness(params, candidates, latents, score_key, state.hparams)
         cma = cma_tell(state.cma, candidates, scores)
         best = jnp.argmax(scores)
         improved = scores[best] > state.best_fitness
-        new = ControllerState(
-            cma,
-            key,
-            jnp.where(improved, candidates[best], state.best_params),
-            jnp.maximum(scores[best], state.best_fitness),
+        new = state.replace(
+            cma=cma,
+            key=key,
+            best_params=jnp.where(improved, candidates[best], state.best_params),
+            best_fitness=jnp.maximum(scores[best], state.best_fitness),
         )
         return new, {
             "episode_return": scores.mean(),
@@ -821,74 +937,80 @@ def make_train(args: Args) -> WorldModels:
             "mean_norm": jnp.linalg.norm(cma.mean),
         }
 
+    steps = args.population * args.trials * setup.max_steps
+    host = setup.host_env is not None and args.controller_env == "real"
+    return Stage(init, update, args.generations, steps, host=host)
+
+
+# --------------------------------------------------------------------------- #
+# make_train
+# --------------------------------------------------------------------------- #
+def make_train(args: Args) -> WorldModels:
+    """The four stages and the functions around them, closed over the static config."""
+    host_env = CarRacingHost(args) if args.env_id in HOST_ENVS else None
+    spec = host_env.spec if host_env is not None else envs.spec(*envs.make(args.env_id))
+    action_size = spec.num_actions
+    graphdef = nnx.split(nnx.eval_shape(lambda: Models(args, action_size, nnx.Rngs(0))), VAE_PART, ...)[0]
+    setup = Setup(
+        args=args,
+        spec=spec,
+        graphdef=graphdef,
+        num_params=action_size * (args.z_size + args.rnn_size) + action_size,
+        max_steps=args.controller_max_steps or spec.max_episode_steps,
+        host_env=host_env,
+    )
+    collect, vae, mdn, controller = (stage(setup) for stage in (collect_stage, vae_stage, mdn_stage, controller_stage))
+
     def evaluate(params, theta, key):
         """The controller theta [P] over `eval_episodes` real episodes (capped, as the scored ones, at
         controller_max_steps; 0: the env's limit) -> returns [eval_episodes]."""
-        thetas = jnp.broadcast_to(theta, (args.eval_episodes, num_params))
-        return real_returns(params, thetas, key, max_steps)
+        thetas = jnp.broadcast_to(theta, (args.eval_episodes, setup.num_params))
+        return real_returns(setup, params, thetas, key, setup.max_steps)
 
-    def train(key):
-        """Every stage in one program (vmappable over keys): returns V and M's
-        parameters, the final CMA-ES state and the evaluation of its mean."""
+    def train(key: jax.Array, hparams: Hyperparams | None = None):
+        """Every stage in one program, vmappable over keys and over Hyperparams
+        (a sweep in one compile; pure-JAX envs only: a host env cannot be
+        traced): returns V and M's parameters, the final CMA-ES state and the
+        evaluation of its mean [eval_episodes]."""
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
         keys = jax.random.split(key, 5)
-        data = collect_init(keys[0])
-        vae_state = jax.lax.fori_loop(0, args.vae_updates, lambda _, s: vae_update(s, data)[0], vae_init(keys[1], data))
-        mdn_inputs = (data, vae_state.params, encode_rollouts(vae_state.params, data))
+        data = collect.init(keys[0])
+        vae_state = jax.lax.fori_loop(
+            0, args.vae_updates, lambda _, s: vae.update(s, data)[0], vae.init(keys[1], data, hparams)
+        )
+        mdn_inputs = (data, vae_state.params, encode_rollouts(setup, vae_state.params, data))
         mdn_state = jax.lax.fori_loop(
-            0, args.mdn_updates, lambda _, s: mdn_update(s, mdn_inputs)[0], mdn_init(keys[2], mdn_inputs)
+            0, args.mdn_updates, lambda _, s: mdn.update(s, mdn_inputs)[0], mdn.init(keys[2], mdn_inputs, hparams)
         )
-        inputs = (mdn_state.params, initial_latents(mdn_state.params, data))
-        controller = jax.lax.fori_loop(
-            0, args.generations, lambda _, s: controller_update(s, inputs)[0], controller_init(keys[3], inputs)
-        )
-        return mdn_state.params, controller, evaluate(mdn_state.params, controller.cma.mean, keys[4])
-
-    stage_steps = {
-        "collect": N * T,
-        "vae": args.vae_batches * args.vae_batch_size,
-        "mdn": args.mdn_batches * args.mdn_batch_size * T,
-        "controller": args.population * args.trials * max_steps,
-    }
-    if host:
-        collect_init = lambda key, _inputs=None: host_env.collect(key)  # noqa: E731
-        # fitness and evaluate look real_returns up when called: on the host it steps gymnasium envs.
-        real_returns = lambda params, thetas, key, steps: host_env.returns(  # noqa: E731, F811
-            params, thetas, key, steps, policy_step, zero_carry
-        )
-    host_controller = host and args.controller_env == "real"
-    A = action_size
-    shapes: list[Any] = [  # the collected rollouts' shapes, for jax.eval_shape and restoring
-        jax.ShapeDtypeStruct((N, T + 1, *args.image_shape), jnp.uint8),
-        jax.ShapeDtypeStruct((N, T, A), jnp.float32),
-        jax.ShapeDtypeStruct((N, T), jnp.float32),
-        jax.ShapeDtypeStruct((N, T), jnp.bool_),
-        jax.ShapeDtypeStruct((N, T), jnp.bool_),
-    ]
-    rollouts_shape = Rollouts(*shapes)
-    return WorldModels(
-        collect=Stage(collect_init, collect_update, 1, stage_steps["collect"], host=host),
-        vae=Stage(vae_init, vae_update, args.vae_updates, stage_steps["vae"]),
-        mdn=Stage(mdn_init, mdn_update, args.mdn_updates, stage_steps["mdn"]),
-        controller=Stage(
-            controller_init,
-            lambda s, i: controller_update(s, i, fitness),
+        inputs = (mdn_state.params, initial_latents(setup, mdn_state.params, data))
+        controller_state = jax.lax.fori_loop(
+            0,
             args.generations,
-            stage_steps["controller"],
-            host=host_controller,
+            lambda _, s: controller.update(s, inputs)[0],
+            controller.init(keys[3], inputs, hparams),
+        )
+        return mdn_state.params, controller_state, evaluate(mdn_state.params, controller_state.cma.mean, keys[4])
+
+    return WorldModels(
+        collect=collect,
+        vae=vae,
+        mdn=mdn,
+        controller=controller,
+        encode=setup.encode,
+        encode_rollouts=functools.partial(encode_rollouts, setup),
+        rollouts_shape=rollouts_shape(args, action_size),
+        initial_latents=functools.partial(initial_latents, setup),
+        real_returns=functools.partial(real_returns, setup),
+        dream_returns=lambda params, thetas, latents, key, steps: dream_returns(
+            setup, params, thetas, latents, key, steps, args.dream_temperature
         ),
-        encode=encode,
-        encode_rollouts=encode_rollouts,
-        rollouts_shape=rollouts_shape,
-        initial_latents=initial_latents,
-        real_returns=real_returns,
-        dream_returns=dream_returns,
-        dream=dream,
-        merge=merge,
+        dream=functools.partial(dream, setup),
+        merge=setup.merge,
         evaluate=evaluate,
         train=train,
         graphdef=graphdef,
         spec=spec,
-        num_params=num_params,
+        num_params=setup.num_params,
         compiler_options=runner.RUN_ONCE if args.fast_compile else None,
     )
 

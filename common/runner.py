@@ -430,137 +430,215 @@ def _train(
     steps_per_update,
     eval_every,
 ):
-    """The chunked loop, the final evaluation and eval.json."""
+    """The chunked loop (`_ChunkLoop`), the final evaluation and eval.json."""
     run_log.print(
         f"{args.env_id}: {args.num_seeds} seed(s) x {num_updates} updates x {steps_per_update} steps "
         f"-> {run_log.dir}"
         + (f" (resumed at update {updates_done})" if args.resume else "")
         + f"; compiled in {compile_seconds:.1f}s"
     )
+    loop = _ChunkLoop(
+        args,
+        run_dir,
+        run_log,
+        background,
+        _lower_evaluation(args, evaluate, abstract_state, seeds, eval_every),
+        abstract_state,
+        clock_before_resume,
+        num_updates,
+        steps_per_update,
+        eval_every,
+    )
+    state = loop.run(state, run_chunk, seeds, stop, updates_done)
+    train_seconds = time.perf_counter() - loop.start
+    run_log.progress(loop.dispatched * steps_per_update, final=True)
+    if stop.signum is not None and loop.dispatched < num_updates:
+        _exit_stopped(args, run_log, stop.signum, loop.dispatched, loop.last_checkpoint, num_updates)
+    eval_returns = loop.final_evaluation(state, seeds)
+    _write_evaluation(args, run_log, eval_returns, loop.history, trace_count(), compile_seconds, train_seconds)
+    stacked = {k: np.concatenate(v, axis=1) for k, v in loop.history.items()}
+    return RunResult(str(run_log.dir), state, stacked, eval_returns, trace_count(), compile_seconds, train_seconds)
 
-    # Evaluation keys: fold_in(key(seed), 1), independent of the training stream.
-    # Run once, it compiles unoptimised; run every `eval_every` updates, it runs
-    # long enough to be worth optimising (UniZero's search: 2.6x faster).
-    eval_lowered = jax.jit(
+
+def _lower_evaluation(args, evaluate: Callable, abstract_state, seeds: np.ndarray, eval_every: int):
+    """`evaluate` vmapped over seeds and lowered (compiled later, in the
+    background). Evaluation keys: fold_in(key(seed), 1), independent of the
+    training stream. Run once, it compiles unoptimised; run every `eval_every`
+    updates, it runs long enough to be worth optimising (UniZero's search:
+    2.6x faster)."""
+    return jax.jit(
         over_seeds(
             lambda state, seed: evaluate(state, jax.random.fold_in(jax.random.key(seed), 1)), args.num_seeds, (0, 0)
         ),
         compiler_options=None if eval_every else RUN_ONCE,
     ).lower(abstract_state, seeds)
-    compiled_eval = None  # a future, started once the first chunk has run
 
-    history: dict[str, list[np.ndarray]] = {}
-    clock = {"last": time.perf_counter(), "seconds_per_update": None}
 
-    def record(metrics, health, first_update: int, count: int, evaluation=None, finished_at: float | None = None):
+class _ChunkLoop:
+    """The pipelined chunk loop of `_train` and what it accumulates.
+
+    A chunk is dispatched (asynchronously) before the previous chunk's metrics
+    are copied and written, so host work overlaps device work. A checkpoint
+    waits for its chunk and writes its metrics first, so metrics.csv never
+    lacks rows that a resumed run would not redo, and a non-finite state is
+    found before it could be saved. Metrics rows are [num_seeds, updates]."""
+
+    def __init__(
+        self,
+        args,
+        run_dir,
+        run_log,
+        background: ThreadPoolExecutor,
+        eval_lowered,
+        abstract_state,
+        clock_before_resume: float,
+        num_updates: int,
+        steps_per_update: int,
+        eval_every: int,
+    ):
+        self.args, self.run_dir, self.run_log, self.background = args, run_dir, run_log, background
+        self.eval_lowered, self.abstract_state = eval_lowered, abstract_state
+        self.clock_before_resume = clock_before_resume
+        self.num_updates, self.steps_per_update, self.eval_every = num_updates, steps_per_update, eval_every
+        self.compiled_eval: Any = None  # a future, started once the first chunk has run
+        self.history: dict[str, list[np.ndarray]] = {}  # metric -> [num_seeds, updates] per recorded chunk
+        self.last_clock = time.perf_counter()  # when the last recorded chunk ended
+        self.seconds_per_update: float | None = None  # the slowest chunk's, once one is recorded
+        self.start = self.last_clock  # the training loop's start (reset by `run`)
+        self.dispatched = self.last_checkpoint = 0  # updates dispatched / checkpointed so far
+        self.eval_returns: np.ndarray | None = None  # [num_seeds, eval_episodes] of the final state, if the loop ran it
+
+    def run(self, state, run_chunk: Callable, seeds: np.ndarray, stop: StopRequest, updates_done: int):
+        """Chunks from update `updates_done` to `num_updates` (or to the chunk
+        boundary after a signal arrives), with checkpoints and the periodic
+        evaluation. Returns the final state."""
+        args, num_updates, eval_every = self.args, self.num_updates, self.eval_every
+        self.start = time.perf_counter()
+        self.last_checkpoint = self.dispatched = updates_done
+        next_eval = (updates_done // eval_every + 1) * eval_every if eval_every else 0
+        # (metrics, health, first update, updates[, evaluation, finished_at]) of the chunk on the device
+        in_flight: tuple | None = None
+        stop_at = num_updates  # the update the loop stops after: earlier when a signal arrives
+        while self.dispatched < stop_at or in_flight is not None:
+            previous, in_flight = in_flight, None
+            if self.dispatched < stop_at:
+                count = min(self.next_chunk_size(), num_updates - self.dispatched)
+                state, metrics, health = run_chunk(
+                    state, jnp.int32(self.dispatched), jnp.int32(self.dispatched + count)
+                )
+                if eval_every:
+                    self.start_eval_compile()  # compiles while the first chunk runs
+                first, self.dispatched = self.dispatched, self.dispatched + count
+                in_flight = (metrics, health, first, count)
+            if previous is not None:
+                self.record(*previous)  # waits for the previous chunk only; the one just dispatched runs on
+            if stop.signum is not None:
+                stop_at = self.dispatched
+            if (
+                in_flight is not None
+                and eval_every
+                and (self.dispatched >= next_eval or self.dispatched == num_updates)
+            ):
+                in_flight = in_flight + self.evaluate_now(state, seeds)
+                while next_eval <= self.dispatched:
+                    next_eval += eval_every
+            done = self.dispatched
+            due = done - self.last_checkpoint >= args.checkpoint_every or done in (num_updates, stop_at)
+            if args.save_model and due and self.dispatched > self.last_checkpoint:
+                if in_flight is not None:
+                    self.record(*in_flight)
+                    in_flight = None
+                checkpoint.save(self.run_log.dir, self.dispatched, state)
+                self.last_checkpoint = self.dispatched
+            if in_flight is not None and self.seconds_per_update is None:
+                self.record(*in_flight)  # the first chunk is timed before the next one is sized
+                in_flight = None
+        return state
+
+    def next_chunk_size(self) -> int:
+        """The first chunk of a process is one update, timed before the next is
+        sized; later chunks hold `log_every` updates, or fewer for an algorithm
+        slow enough that a chunk would outlast CHUNK_SECONDS. A chunk never
+        crosses a multiple of `log_every`, so those stay chunk boundaries."""
+        if self.seconds_per_update is None:
+            return 1
+        log_every = self.args.log_every
+        fits = int(np.clip(CHUNK_SECONDS // max(self.seconds_per_update, 1e-9), 1, log_every))
+        return min(fits, log_every - self.dispatched % log_every)
+
+    def record(self, metrics, health, first_update: int, count: int, evaluation=None, finished_at: float | None = None):
         """Copy one finished chunk's metrics (and its evaluation, if one ran
         after it) to the host, log them, and stop the run if a seed's state
         became non-finite. `finished_at` is when the chunk and its evaluation
         were known to be done (the loop blocked on them); without it, the
         moment the metrics arrive is the chunk's end."""
+        args, num_seeds = self.args, self.args.num_seeds
         metrics, health = jax.device_get((metrics, health))
         metrics = {k: v[:, :count] for k, v in metrics.items()}  # drop skipped updates
         now = time.perf_counter() if finished_at is None else finished_at
-        elapsed, clock["last"] = now - clock["last"], now
+        elapsed, self.last_clock = now - self.last_clock, now
         # The slowest chunk so far sets the pace: with pipelining, a chunk's
         # measured time can be shortened by the overlap with the one before it.
-        clock["seconds_per_update"] = max(clock["seconds_per_update"] or 0.0, elapsed / count)
+        self.seconds_per_update = max(self.seconds_per_update or 0.0, elapsed / count)
         update_index = np.arange(first_update + 1, first_update + count + 1)
-        metrics["steps_per_second"] = np.full(
-            (args.num_seeds, count), count * steps_per_update * args.num_seeds / elapsed
-        )
-        metrics["wall_seconds"] = np.full((args.num_seeds, count), clock_before_resume + now - start)
-        if eval_every:
-            metrics["eval_return"] = np.full((args.num_seeds, count), np.nan)
+        metrics["steps_per_second"] = np.full((num_seeds, count), count * self.steps_per_update * num_seeds / elapsed)
+        metrics["wall_seconds"] = np.full((num_seeds, count), self.clock_before_resume + now - self.start)
+        if self.eval_every:
+            metrics["eval_return"] = np.full((num_seeds, count), np.nan)
             if evaluation is not None:
                 metrics["eval_return"][:, -1] = np.asarray(evaluation).mean(axis=1)
-        run_log.log(update_index, update_index * steps_per_update, metrics)
+        self.run_log.log(update_index, update_index * self.steps_per_update, metrics)
         for k, v in metrics.items():
-            history.setdefault(k, []).append(v)
-        check_health(health, abstract_state, metrics, first_update, args, run_dir)
-        start_eval_compile()
+            self.history.setdefault(k, []).append(v)
+        check_health(health, self.abstract_state, metrics, first_update, args, self.run_dir)
+        self.start_eval_compile()
 
-    def start_eval_compile() -> None:
-        nonlocal compiled_eval
-        if compiled_eval is None:
-            compiled_eval = background.submit(eval_lowered.compile)  # compiles while the next chunks run
+    def start_eval_compile(self) -> None:
+        if self.compiled_eval is None:
+            self.compiled_eval = self.background.submit(self.eval_lowered.compile)  # compiles while chunks run
 
-    def next_chunk_size() -> int:
-        """The first chunk of a process is one update, timed before the next is
-        sized; later chunks hold `log_every` updates, or fewer for an algorithm
-        slow enough that a chunk would outlast CHUNK_SECONDS. A chunk never
-        crosses a multiple of `log_every`, so those stay chunk boundaries."""
-        if clock["seconds_per_update"] is None:
-            return 1
-        fits = int(np.clip(CHUNK_SECONDS // max(clock["seconds_per_update"], 1e-9), 1, args.log_every))
-        return min(fits, args.log_every - dispatched % args.log_every)
+    def evaluate_now(self, state, seeds: np.ndarray) -> tuple[jax.Array, float]:
+        """The evaluation of the state just dispatched: (returns [num_seeds,
+        eval_episodes], the moment the chunk and its evaluation were done, which
+        is its row's wall_seconds though the row is written after the next
+        dispatch)."""
+        self.start_eval_compile()
+        evaluation = self.compiled_eval.result()(state, seeds)
+        jax.block_until_ready(evaluation)  # before the next chunk takes (donates) the state
+        finished_at = time.perf_counter()
+        if self.dispatched == self.num_updates:
+            self.eval_returns = np.asarray(evaluation)
+        return evaluation, finished_at
 
-    # The loop is pipelined: a chunk is dispatched (asynchronously) before the
-    # previous chunk's metrics are copied and written, so host work overlaps
-    # device work. A checkpoint waits for its chunk and writes its metrics first,
-    # so metrics.csv never lacks rows that a resumed run would not redo, and a
-    # non-finite state is found before it could be saved.
-    start = time.perf_counter()
-    last_checkpoint = dispatched = updates_done
-    next_eval = (updates_done // eval_every + 1) * eval_every if eval_every else None
-    eval_returns = None  # the evaluation of the final state, if the loop ran it
-    in_flight = None  # (metrics, health, first update, updates[, evaluation, finished_at]) of the chunk on the device
-    stop_at = num_updates  # the update the loop stops after: earlier when a signal arrives
-    while dispatched < stop_at or in_flight is not None:
-        previous, in_flight = in_flight, None
-        if dispatched < stop_at:
-            count = min(next_chunk_size(), num_updates - dispatched)
-            state, metrics, health = run_chunk(state, jnp.int32(dispatched), jnp.int32(dispatched + count))
-            if eval_every:
-                start_eval_compile()  # compiles while the first chunk runs
-            first, dispatched = dispatched, dispatched + count
-            in_flight = (metrics, health, first, count)
-        if previous is not None:
-            record(*previous)  # waits for the previous chunk only; the one just dispatched runs on
-        if stop.signum is not None:
-            stop_at = dispatched
-        if in_flight is not None and eval_every and (dispatched >= next_eval or dispatched == num_updates):
-            start_eval_compile()
-            evaluation = compiled_eval.result()(state, seeds)
-            jax.block_until_ready(evaluation)  # before the next chunk takes (donates) the state
-            # The chunk and its evaluation are done now: its wall_seconds is this
-            # moment, though its row is written only after the next dispatch.
-            in_flight = in_flight + (evaluation, time.perf_counter())
-            while next_eval <= dispatched:
-                next_eval += eval_every
-            if dispatched == num_updates:
-                eval_returns = np.asarray(evaluation)
-        due = dispatched - last_checkpoint >= args.checkpoint_every or dispatched in (num_updates, stop_at)
-        if args.save_model and due and dispatched > last_checkpoint:
-            if in_flight is not None:
-                record(*in_flight)
-                in_flight = None
-            checkpoint.save(run_log.dir, dispatched, state)
-            last_checkpoint = dispatched
-        if in_flight is not None and clock["seconds_per_update"] is None:
-            record(*in_flight)  # the first chunk is timed before the next one is sized
-            in_flight = None
-    updates_done = dispatched
-    train_seconds = time.perf_counter() - start
-    run_log.progress(updates_done * steps_per_update, final=True)
-    if stop.signum is not None and updates_done < num_updates:
-        saved = (
-            f"checkpoint at update {last_checkpoint} written" if args.save_model else "no checkpoint (--no-save-model)"
-        )
-        run_log.print(
-            f"stopped by {signal.Signals(stop.signum).name} after update {updates_done} of {num_updates}; "
-            f"{saved}. Resume with:\n  {resume_command(run_log.dir)}"
-        )
-        raise SystemExit(128 + stop.signum)
+    def final_evaluation(self, state, seeds: np.ndarray) -> np.ndarray:
+        """The final state's evaluation [num_seeds, eval_episodes] (run by the
+        loop, or now); non-finite returns raise `cli.Diverged`."""
+        eval_returns = self.eval_returns
+        if eval_returns is None:
+            self.start_eval_compile()  # a no-op unless resumed at the end (no chunk ran)
+            eval_returns = np.asarray(self.compiled_eval.result()(state, seeds))
+        if not np.isfinite(eval_returns).all():
+            raise cli.Diverged(
+                f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "
+                f"no eval.json was written (run directory {self.run_log.dir})"
+            )
+        return eval_returns
 
-    if eval_returns is None:
-        start_eval_compile()  # a no-op unless resumed at the end (no chunk ran)
-        eval_returns = np.asarray(compiled_eval.result()(state, seeds))
-    if not np.isfinite(eval_returns).all():
-        raise cli.Diverged(
-            f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "
-            f"no eval.json was written (run directory {run_log.dir})"
-        )
+
+def _exit_stopped(args, run_log, signum: int, updates_done: int, last_checkpoint: int, num_updates: int):
+    """After a SIGINT / SIGTERM: say where the run stopped and how to resume it, exit 128 + signum."""
+    saved = f"checkpoint at update {last_checkpoint} written" if args.save_model else "no checkpoint (--no-save-model)"
+    run_log.print(
+        f"stopped by {signal.Signals(signum).name} after update {updates_done} of {num_updates}; "
+        f"{saved}. Resume with:\n  {resume_command(run_log.dir)}"
+    )
+    raise SystemExit(128 + signum)
+
+
+def _write_evaluation(
+    args, run_log, eval_returns: np.ndarray, history: dict, chunk_traces: int, compile_seconds, train_seconds
+):
+    """Print the final evaluation [num_seeds, eval_episodes] and write eval.json."""
     # MPO's skip-and-count policy: `skipped_updates` is each seed's running count.
     summary = (
         {"skipped_updates": int(history["skipped_updates"][-1][:, -1].sum())} if "skipped_updates" in history else {}
@@ -583,9 +661,7 @@ def _train(
             "mean": float(eval_returns.mean()),
             "compile_seconds": compile_seconds,
             "train_seconds": train_seconds,
-            "chunk_traces": trace_count(),
+            "chunk_traces": chunk_traces,
             **summary,
         },
     )
-    stacked = {k: np.concatenate(v, axis=1) for k, v in history.items()}
-    return RunResult(str(run_log.dir), state, stacked, eval_returns, trace_count(), compile_seconds, train_seconds)
