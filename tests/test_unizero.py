@@ -1,5 +1,5 @@
 """algos/unizero.py end to end: smoke with both searches, determinism, resume,
-the command line, bad input."""
+a hyperparameter sweep, the command line, bad input."""
 
 import dataclasses
 
