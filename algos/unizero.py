@@ -29,10 +29,13 @@ Details, logged metrics and measured results: docs/unizero.md.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
+import distrax
 import jax
 import jax.numpy as jnp
 import mctx
@@ -497,18 +500,42 @@ class SearchNode(NamedTuple):
     valid: jax.Array  # [B, 2K] bool
 
 
+class Hyperparams(struct.PyTreeNode):
+    """The float hyperparameters the jitted update reads. They live in the
+    runner state, so `train` vmapped over a stacked Hyperparams is a sweep in
+    one compile; `from_args` takes them from `Args` (fields of the same name)."""
+
+    learning_rate: jax.Array  # [] AdamW step size (optax.inject_hyperparams puts it in the optimizer state)
+    gamma: jax.Array  # [] discount of the n-step value targets and of every search edge
+    latent_coef: jax.Array  # [] weight of the latent-consistency MSE
+    reward_coef: jax.Array  # [] weight of the reward cross-entropy
+    policy_coef: jax.Array  # [] weight of the policy cross-entropy against the search's action weights
+    value_coef: jax.Array  # [] weight of the value cross-entropy
+    target_update_rate: jax.Array  # [] EMA rate of the target model per gradient step
+    dirichlet_alpha: jax.Array  # [] PUCT: Dirichlet noise concentration at the root (collection)
+    dirichlet_fraction: jax.Array  # [] PUCT: weight of the Dirichlet noise in the root prior (collection)
+    visit_temperature: jax.Array  # [] PUCT: collection samples actions from visit counts ^ (1 / visit_temperature)
+
+    @classmethod
+    def from_args(cls, args: Args) -> Hyperparams:
+        return cls(*(jnp.float32(getattr(args, f.name)) for f in dataclasses.fields(cls)))
+
+
 class RunnerState(struct.PyTreeNode):
+    """Everything a run carries from one update to the next (and checkpoints)."""
+
     params: nnx.State
     target_params: nnx.State  # EMA of params: latent and value targets
     opt_state: optax.OptState
     buffer: buffers.Buffer  # Transition, leaves [rows, N, ...]
-    env_state: Any
+    env_state: Any  # wrapped gymnax state, leaves [N, ...]
     obs: jax.Array  # [N, *obs_shape]
     timestep: jax.Array  # [N] env timestep of obs
     history: History
-    key: jax.Array
+    key: jax.Array  # typed PRNG key
     env_steps: jax.Array  # [] env steps so far (per seed)
     gradient_steps: jax.Array  # []
+    hparams: Hyperparams
 
 
 # --------------------------------------------------------------------------- #
@@ -570,6 +597,10 @@ def n_step_value_targets(rewards, terminated, truncated, window_values, final_va
 
 
 def cross_entropy(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
+    """[..., n] logits against [..., n] target probabilities -> [...]. By hand, not
+    distrax: the targets are soft (two-hot rewards and values, the search's
+    action weights) and MuZero's loss is this plain sum (Schrittwieser et al.
+    2020, eq. 1), where distrax's Categorical.cross_entropy goes through a KL."""
     return -jnp.sum(target_probs * jax.nn.log_softmax(logits, axis=-1), axis=-1)
 
 
@@ -588,18 +619,244 @@ def env_options(env_id: str, max_episode_steps: int = 0) -> dict:
     return options
 
 
+def empty_history(num: int, context_steps: int, obs_shape: tuple[int, ...]) -> History:
+    """The root context of `num` envs before their first step: C slots, none valid."""
+    return History(
+        obs=jnp.zeros((num, context_steps) + obs_shape),
+        action=jnp.zeros((num, context_steps), jnp.int32),
+        timestep=jnp.zeros((num, context_steps), jnp.int32),
+        valid=jnp.zeros((num, context_steps), bool),
+    )
+
+
+def make_optimizer(args: Args) -> optax.GradientTransformation:
+    """AdamW (betas 0.9 / 0.95) with weight decay on matrices only (LightZero's
+    configure_optimizers), after a global-norm clip (`max_grad_norm` 0 turns it
+    off). The learning rate is injected into the optimizer state, so a
+    Hyperparams sweep can set it under jit."""
+    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+
+    def adamw(learning_rate):
+        optimizer = optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask)
+        if args.max_grad_norm > 0:
+            optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
+        return optimizer
+
+    return optax.inject_hyperparams(adamw)(learning_rate=args.learning_rate)
+
+
+# ---- Search (mctx) ----------------------------------------------------------------------
+def root_fn(graphdef, params, history: History, width: int) -> mctx.RootFnOutput:
+    """mctx root: the transformer over the recent real history (leaves [B, C, ...]).
+    Prior logits [B, A] and value [B] at the current latent; the token window of
+    `width` tokens (a SearchNode) is the root's embedding."""
+    world = nnx.merge(graphdef, params)
+    node = root_node(world, history, width)
+    hidden = last_hidden(world, node)
+    return mctx.RootFnOutput(
+        prior_logits=world.policy_head(hidden), value=logits_to_scalar(world.value_head(hidden)), embedding=node
+    )
+
+
+def recurrent_fn(graphdef, gamma, params, _key, action: jax.Array, node: SearchNode):
+    """mctx dynamics: one imagined step from every node of the batch, action [B]
+    -> (reward [B], discount [B], prior logits [B, A], value [B]) and the child
+    nodes. No terminal head: every edge is discounted by gamma (LightZero's UniZero)."""
+    node, reward, _, prior_logits, value = imagine_step(nnx.merge(graphdef, params), node, action)
+    return mctx.RecurrentFnOutput(
+        reward=reward, discount=jnp.full(action.shape, gamma), prior_logits=prior_logits, value=value
+    ), node
+
+
+def tree_search(
+    graphdef, args: Args, hparams: Hyperparams, params, history: History, key: jax.Array, explore: bool
+) -> mctx.PolicyOutput:
+    """One search per env from its History (leaves [B, C, ...]): action [B] and
+    action_weights [B, A] (the policy target). `explore` (collection): Gumbel
+    noise, or Dirichlet noise and visit counts at `visit_temperature`;
+    otherwise (evaluation) greedy and noise-free."""
+    root = root_fn(graphdef, params, history, 2 * args.num_unroll_steps)  # a node carries 2K tokens
+    dynamics = functools.partial(recurrent_fn, graphdef, hparams.gamma)
+    if args.search_policy == "gumbel":
+        return mctx.gumbel_muzero_policy(
+            params,
+            key,
+            root,
+            dynamics,
+            args.num_simulations,
+            max_num_considered_actions=args.max_num_considered_actions,
+            gumbel_scale=1.0 if explore else 0.0,
+        )
+    return mctx.muzero_policy(
+        params,
+        key,
+        root,
+        dynamics,
+        args.num_simulations,
+        dirichlet_fraction=hparams.dirichlet_fraction if explore else 0.0,
+        dirichlet_alpha=hparams.dirichlet_alpha,
+        temperature=hparams.visit_temperature if explore else 0.0,
+    )
+
+
+# ---- Collection and evaluation ----------------------------------------------------------
+def collect_step(env, env_params, search, state: RunnerState):
+    """One env step of every env (N), acting with the search (`search(params,
+    history, key, explore, hparams)`); the step goes to replay. Returns the
+    state and (episode info, search stats): leaves [N] and []."""
+    key, search_key, step_key = jax.random.split(state.key, 3)
+    history = observe(state.history, state.obs, state.timestep)
+    out = search(state.params, history, search_key, True, state.hparams)
+    next_obs, env_state, reward, terminated, truncated, info = env.step(
+        step_key, state.env_state, out.action, env_params
+    )
+    done = terminated | truncated
+    transition = Transition(
+        obs=state.obs,
+        action=out.action,
+        reward=reward.astype(jnp.float32),
+        terminated=terminated,
+        truncated=truncated,
+        final_obs=info["final_observation"],
+        timestep=state.timestep,
+        search_policy=out.action_weights,
+        root_value=out.search_tree.summary().value,
+    )
+    state = state.replace(
+        buffer=buffers.add(state.buffer, transition),
+        env_state=env_state,
+        obs=next_obs,
+        timestep=jnp.where(done, 0, state.timestep + 1),
+        history=record_action(history, out.action, done),
+        key=key,
+        env_steps=state.env_steps + state.obs.shape[0],
+    )
+    stats = {
+        "root_value": transition.root_value.mean(),
+        "search_entropy": distrax.Categorical(probs=out.action_weights).entropy().mean(),
+    }
+    return state, ({k: info[k] for k in ("episode_done", "episode_return", "episode_length")}, stats)
+
+
+def evaluate_greedy(eval_env, env_params, search, args: Args, max_steps: int, state: RunnerState, key: jax.Array):
+    """One episode per eval env (E = eval_episodes), acting greedily with the
+    search (no Gumbel or Dirichlet noise, argmax); the root sees the same
+    history as in collection. Returns the episode returns [E]."""
+    reset_key, key = jax.random.split(key)
+    obs, env_state = eval_env.reset(reset_key, env_params)
+    E = args.eval_episodes
+
+    def body(carry):
+        obs, env_state, timestep, history, key, finished, returns, t = carry
+        key, search_key, step_key = jax.random.split(key, 3)
+        history = observe(history, obs, timestep)
+        action = search(state.params, history, search_key, False, state.hparams).action
+        obs, env_state, _, terminated, truncated, info = eval_env.step(step_key, env_state, action, env_params)
+        done = terminated | truncated
+        newly = info["episode_done"] & ~finished
+        returns = jnp.where(newly, info["episode_return"], returns)
+        return (
+            obs,
+            env_state,
+            jnp.where(done, 0, timestep + 1),
+            record_action(history, action, done),
+            key,
+            finished | newly,
+            returns,
+            t + 1,
+        )
+
+    def keep_going(carry):
+        return ~jnp.all(carry[5]) & (carry[7] < max_steps + 1)
+
+    history = empty_history(E, args.context_steps, obs.shape[1:])
+    carry = (obs, env_state, jnp.zeros(E, jnp.int32), history, key, jnp.zeros(E, bool), jnp.zeros(E), 0)
+    return jax.lax.while_loop(keep_going, body, carry)[6]
+
+
+# ---- Learning ---------------------------------------------------------------------------
+def window_at(windows: Transition, segment: jax.Array, start: int, steps: int) -> Window:
+    """Rows start .. start + steps - 1 of replayed windows (leaves [B, L, ...]) as
+    the model sees them: a Window with leaves [B, steps, ...], every token present."""
+    rows = lambda x: x[:, start : start + steps]
+    ones = jnp.ones((windows.action.shape[0], steps), bool)
+    return Window(rows(windows.obs), rows(windows.action), rows(windows.timestep), rows(segment), ones, ones)
+
+
+def episode_segments(windows: Transition) -> jax.Array:
+    """[B, L] episode index inside each window: the row after an ended one starts
+    a new episode, and attention never crosses from one episode to another."""
+    done = windows.terminated | windows.truncated
+    batch = done.shape[0]
+    return jnp.cumsum(jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), done[:, :-1].astype(jnp.int32)], 1), 1)
+
+
+def compute_targets(target: WorldModel, windows: Transition, segment: jax.Array, gamma, args: Args):
+    """Latent targets [B, K, D] and n-step value targets [B, K] of the first K
+    rows of replayed windows [B, L, ...], from the EMA target model (no dropout,
+    no gradient)."""
+    K, n = args.num_unroll_steps, args.td_steps
+    latent_targets = target.encoder(windows.final_obs[:, :K])
+    # V(o_{t+n}) as LightZero reads it: a fresh window starting n rows later.
+    window_values = logits_to_scalar(forward_window(target, window_at(windows, segment, n, K))[1])
+    # V(final observation) of the row where each n-step sum stops, for sums cut
+    # short by a truncation: only those K rows of each window are read, so only
+    # they are computed, not all L (docs/unizero.md, "Where the time goes").
+    stop = stop_rows(windows.terminated, windows.truncated, K, n)  # [B, K]
+    at_stop = lambda x: jnp.take_along_axis(x, stop.reshape(stop.shape + (1,) * (x.ndim - 2)), 1)
+    final_values = lone_values(target, at_stop(windows.final_obs), at_stop(windows.timestep) + 1)
+    value_targets = n_step_value_targets(
+        windows.reward, windows.terminated, windows.truncated, window_values, final_values, gamma, n
+    )
+    return jax.lax.stop_gradient((latent_targets, value_targets))
+
+
+def unizero_loss(world: WorldModel, target: WorldModel, windows: Transition, hparams: Hyperparams, key, args: Args):
+    """UniZero's joint loss on replayed windows, leaves [B, L, ...]: the first K
+    rows are trained (latent consistency, reward, policy, value), the rows
+    after them feed the n-step targets. `key` is the dropout key. Returns
+    (loss [], metrics of [])."""
+    K = args.num_unroll_steps
+    segment = episode_segments(windows)
+    policy_logits, value_logits, next_latents, reward_logits = forward_window(
+        world, window_at(windows, segment, 0, K), key if args.dropout > 0 else None
+    )
+    latent_targets, value_targets = compute_targets(target, windows, segment, hparams.gamma, args)
+
+    latent_loss = jnp.mean(jnp.square(next_latents - latent_targets))
+    reward_loss = jnp.mean(cross_entropy(reward_logits, scalar_to_probs(windows.reward[:, :K], args.support_size)))
+    policy_loss = jnp.mean(cross_entropy(policy_logits, windows.search_policy[:, :K]))
+    value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(value_targets, args.support_size)))
+    total = (
+        hparams.latent_coef * latent_loss
+        + hparams.reward_coef * reward_loss
+        + hparams.policy_coef * policy_loss
+        + hparams.value_coef * value_loss
+    )
+    return total, {
+        "loss": total,
+        "latent_loss": latent_loss,
+        "reward_loss": reward_loss,
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "value_target": value_targets.mean(),
+        "value_prediction": logits_to_scalar(value_logits).mean(),
+        "policy_entropy": jnp.mean(distrax.Categorical(logits=policy_logits).entropy()),
+    }
+
+
 # --------------------------------------------------------------------------- #
 # Training
 # --------------------------------------------------------------------------- #
 class UniZero(NamedTuple):
-    init: Any  # key -> RunnerState
+    init: Any  # (key, hparams=None) -> RunnerState
     update: Any  # RunnerState -> (RunnerState, metrics)
-    train: Any  # key -> (RunnerState, metrics [num_updates])
+    train: Any  # (key, hparams=None) -> (RunnerState, metrics [num_updates])
     evaluate: Any  # (RunnerState, key) -> returns [eval_episodes] (search, no noise)
     root_fn: Any  # (params, History) -> mctx.RootFnOutput
     recurrent_fn: Any  # mctx recurrent_fn(params, key, action [B], SearchNode) -> (RecurrentFnOutput, SearchNode)
-    search: Any  # (params, History, key, explore) -> mctx.PolicyOutput
-    loss: Any  # (params, target_params, windows [B, L], key) -> (loss, metrics)
+    search: Any  # (params, History, key, explore, hparams=None) -> mctx.PolicyOutput
+    loss: Any  # (params, target_params, windows [B, L], key, hparams=None) -> (loss, metrics)
     collect_step: Any  # (RunnerState, None) -> (RunnerState, info): one search and env step of every env
     learn: Any  # (RunnerState, None) -> (RunnerState, metrics): one gradient step on a replayed batch
     graphdef: Any
@@ -607,6 +864,8 @@ class UniZero(NamedTuple):
 
 
 def make_train(args: Args) -> UniZero:
+    """Build the environments, the model's graphdef and the optimizer, and
+    return the training functions (`UniZero`); `train` is the whole run."""
     env_kwargs = env_options(args.env_id, args.max_episode_steps)
     spec = envs.spec(*envs.make(args.env_id, **env_kwargs))
     if not spec.discrete:
@@ -616,28 +875,14 @@ def make_train(args: Args) -> UniZero:
         )
     env, env_params = envs.make(args.env_id, args.num_envs, **env_kwargs)
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, **env_kwargs)
-    K, n, N, C, L = args.num_unroll_steps, args.td_steps, args.num_envs, args.context_steps, args.window_length
-    W = 2 * K  # tokens a search node carries: the longest context training shows
+    N, L = args.num_envs, args.window_length
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(0))))
+    optimizer = make_optimizer(args)
 
-    def model(params) -> WorldModel:
-        return nnx.merge(graphdef, params)
+    def or_default(hparams: Hyperparams | None) -> Hyperparams:
+        return Hyperparams.from_args(args) if hparams is None else hparams
 
-    # AdamW with weight decay on matrices only (LightZero's configure_optimizers).
-    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
-    optimizer = optax.adamw(args.learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask)
-    if args.max_grad_norm > 0:  # 0 turns clipping off
-        optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
-
-    def empty_history(num: int) -> History:
-        return History(
-            obs=jnp.zeros((num, C) + spec.obs_shape),
-            action=jnp.zeros((num, C), jnp.int32),
-            timestep=jnp.zeros((num, C), jnp.int32),
-            valid=jnp.zeros((num, C), bool),
-        )
-
-    def init(key: jax.Array) -> RunnerState:
+    def init(key: jax.Array, hparams: Hyperparams | None = None) -> RunnerState:
         key, model_key, env_key = jax.random.split(key, 3)
         params = nnx.split(WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(model_key)))[1]
         obs, env_state = env.reset(env_key, env_params)
@@ -660,165 +905,34 @@ def make_train(args: Args) -> UniZero:
             env_state=env_state,
             obs=obs,
             timestep=jnp.zeros(N, jnp.int32),
-            history=empty_history(N),
+            history=empty_history(N, args.context_steps, spec.obs_shape),
             key=key,
             env_steps=jnp.int32(0),
             gradient_steps=jnp.int32(0),
+            hparams=or_default(hparams),
         )
 
-    # ---- Search (mctx) -------------------------------------------------------------------
-    def root_fn(params, history: History) -> mctx.RootFnOutput:
-        """The transformer over the recent real history: prior and value at the
-        current latent; the token window is the root's embedding."""
-        world = model(params)
-        node = root_node(world, history, W)
-        hidden = last_hidden(world, node)
-        return mctx.RootFnOutput(
-            prior_logits=world.policy_head(hidden), value=logits_to_scalar(world.value_head(hidden)), embedding=node
-        )
+    def search(params, history: History, key: jax.Array, explore: bool, hparams: Hyperparams | None = None):
+        return tree_search(graphdef, args, or_default(hparams), params, history, key, explore)
 
-    def recurrent_fn(params, _key, action, node: SearchNode):
-        """mctx dynamics: one imagined step from every node of the batch. No
-        terminal head: every edge is discounted by gamma (LightZero's UniZero)."""
-        node, reward, _, prior_logits, value = imagine_step(model(params), node, action)
-        return mctx.RecurrentFnOutput(
-            reward=reward, discount=jnp.full(action.shape, args.gamma), prior_logits=prior_logits, value=value
-        ), node
-
-    def search(params, history: History, key: jax.Array, explore: bool) -> mctx.PolicyOutput:
-        """`explore` (collection): Gumbel noise, or Dirichlet noise and visit
-        counts at `visit_temperature`; otherwise (evaluation) greedy and noise-free."""
-        root = root_fn(params, history)
-        if args.search_policy == "gumbel":
-            return mctx.gumbel_muzero_policy(
-                params,
-                key,
-                root,
-                recurrent_fn,
-                args.num_simulations,
-                max_num_considered_actions=args.max_num_considered_actions,
-                gumbel_scale=1.0 if explore else 0.0,
-            )
-        return mctx.muzero_policy(
-            params,
-            key,
-            root,
-            recurrent_fn,
-            args.num_simulations,
-            dirichlet_fraction=args.dirichlet_fraction if explore else 0.0,
-            dirichlet_alpha=args.dirichlet_alpha,
-            temperature=args.visit_temperature if explore else 0.0,
-        )
-
-    # ---- Collection ----------------------------------------------------------------------
-    def collect_step(state: RunnerState, _):
-        """One env step of every env, acting with the search; the step goes to replay."""
-        key, search_key, step_key = jax.random.split(state.key, 3)
-        history = observe(state.history, state.obs, state.timestep)
-        out = search(state.params, history, search_key, explore=True)
-        next_obs, env_state, reward, terminated, truncated, info = env.step(
-            step_key, state.env_state, out.action, env_params
-        )
-        done = terminated | truncated
-        transition = Transition(
-            obs=state.obs,
-            action=out.action,
-            reward=reward.astype(jnp.float32),
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=info["final_observation"],
-            timestep=state.timestep,
-            search_policy=out.action_weights,
-            root_value=out.search_tree.summary().value,
-        )
-        state = state.replace(
-            buffer=buffers.add(state.buffer, transition),
-            env_state=env_state,
-            obs=next_obs,
-            timestep=jnp.where(done, 0, state.timestep + 1),
-            history=record_action(history, out.action, done),
-            key=key,
-            env_steps=state.env_steps + N,
-        )
-        weights = out.action_weights
-        stats = {
-            "root_value": transition.root_value.mean(),
-            "search_entropy": -jnp.sum(weights * jnp.log(weights + 1e-12), -1).mean(),
-        }
-        return state, ({k: info[k] for k in ("episode_done", "episode_return", "episode_length")}, stats)
-
-    # ---- Learning ------------------------------------------------------------------------
-    def loss_fn(params, target_params, windows: Transition, key):
-        """The four losses on replayed windows, leaves [B, L, ...]: the first K
-        rows are trained, the rows after them feed the n-step targets."""
-        world, target = model(params), model(target_params)
-        batch = windows.action.shape[0]
-        done = windows.terminated | windows.truncated
-        # Episode index inside the window: the row after an ended one starts a new
-        # episode, and attention never crosses from one episode to another.
-        segment = jnp.cumsum(jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), done[:, :-1].astype(jnp.int32)], 1), 1)
-        ones = jnp.ones((batch, K), bool)
-        rows = lambda x, start: x[:, start : start + K]
-        window_at = lambda start: Window(
-            rows(windows.obs, start),
-            rows(windows.action, start),
-            rows(windows.timestep, start),
-            rows(segment, start),
-            ones,
-            ones,
-        )
-        policy_logits, value_logits, next_latents, reward_logits = forward_window(
-            world, window_at(0), key if args.dropout > 0 else None
-        )
-
-        # Targets from the EMA model, no dropout, no gradient.
-        latent_targets = target.encoder(rows(windows.final_obs, 0))
-        # V(o_{t+n}) as LightZero reads it: a fresh window starting n rows later.
-        window_values = logits_to_scalar(forward_window(target, window_at(n))[1])
-        # V(final observation) of the row where each n-step sum stops, for sums
-        # cut short by a truncation: only those K rows of each window are read, so
-        # only they are computed, not all L (6-7% of a gradient step; docs/unizero.md,
-        # "Where the time goes").
-        stop = stop_rows(windows.terminated, windows.truncated, K, n)  # [B, K]
-        at_stop = lambda x: jnp.take_along_axis(x, stop.reshape(stop.shape + (1,) * (x.ndim - 2)), 1)
-        final_values = lone_values(target, at_stop(windows.final_obs), at_stop(windows.timestep) + 1)
-        value_targets = n_step_value_targets(
-            windows.reward, windows.terminated, windows.truncated, window_values, final_values, args.gamma, n
-        )
-        latent_targets, value_targets = jax.lax.stop_gradient((latent_targets, value_targets))
-
-        latent_loss = jnp.mean(jnp.square(next_latents - latent_targets))
-        reward_loss = jnp.mean(
-            cross_entropy(reward_logits, scalar_to_probs(rows(windows.reward, 0), args.support_size))
-        )
-        policy_loss = jnp.mean(cross_entropy(policy_logits, rows(windows.search_policy, 0)))
-        value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(value_targets, args.support_size)))
-        total = (
-            args.latent_coef * latent_loss
-            + args.reward_coef * reward_loss
-            + args.policy_coef * policy_loss
-            + args.value_coef * value_loss
-        )
-        log_policy = jax.nn.log_softmax(policy_logits)
-        return total, {
-            "loss": total,
-            "latent_loss": latent_loss,
-            "reward_loss": reward_loss,
-            "policy_loss": policy_loss,
-            "value_loss": value_loss,
-            "value_target": value_targets.mean(),
-            "value_prediction": logits_to_scalar(value_logits).mean(),
-            "policy_entropy": -jnp.mean(jnp.sum(jnp.exp(log_policy) * log_policy, -1)),
-        }
+    def loss_fn(params, target_params, windows: Transition, key, hparams: Hyperparams | None = None):
+        world, target = nnx.merge(graphdef, params), nnx.merge(graphdef, target_params)
+        return unizero_loss(world, target, windows, or_default(hparams), key, args)
 
     def learn(state: RunnerState, _):
         """One gradient step on `batch_size` uniformly replayed windows, then the EMA."""
+        hp = state.hparams
         key, sample_key, dropout_key = jax.random.split(state.key, 3)
         sample = buffers.sample(state.buffer, sample_key, args.batch_size, L)
-        grads, stats = jax.grad(loss_fn, has_aux=True)(state.params, state.target_params, sample.windows, dropout_key)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        grads, stats = jax.grad(loss_fn, has_aux=True)(
+            state.params, state.target_params, sample.windows, dropout_key, hp
+        )
+        opt_state = state.opt_state._replace(
+            hyperparams={**state.opt_state.hyperparams, "learning_rate": hp.learning_rate}
+        )
+        updates, opt_state = optimizer.update(grads, opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        rate = args.target_update_rate
+        rate = hp.target_update_rate
         target_params = jax.tree.map(lambda t, p: (1 - rate) * t + rate * p, state.target_params, params)
         state = state.replace(
             params=params,
@@ -832,7 +946,8 @@ def make_train(args: Args) -> UniZero:
     def update(state: RunnerState):
         """num_steps steps of every env with search, then replay_ratio x new
         steps gradient steps once `learning_starts` steps are in replay."""
-        state, (episode_info, search_stats) = jax.lax.scan(collect_step, state, None, args.num_steps)
+        collect = lambda state, _: collect_step(env, env_params, search, state)
+        state, (episode_info, search_stats) = jax.lax.scan(collect, state, None, args.num_steps)
         learning = (state.env_steps >= args.learning_starts) & buffers.valid_starts(state.buffer, L).any()
 
         def do_learn(state):
@@ -852,45 +967,27 @@ def make_train(args: Args) -> UniZero:
         }
         return state, metrics
 
-    def train(key: jax.Array):
-        return jax.lax.scan(lambda s, _: update(s), init(key), None, args.num_updates)
+    def train(key: jax.Array, hparams: Hyperparams | None = None):
+        """The whole run as one `lax.scan` over updates: jit it, vmap it over
+        seeds (keys) and hyperparameters (a stacked Hyperparams)."""
+        return jax.lax.scan(lambda s, _: update(s), init(key, hparams), None, args.num_updates)
 
     def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
-        """One episode per eval env, acting greedily with the search (no
-        Gumbel or Dirichlet noise, argmax); the root sees the same history as in
-        collection."""
-        reset_key, key = jax.random.split(key)
-        obs, env_state = eval_env.reset(reset_key, env_params)
-        E = args.eval_episodes
-
-        def body(carry):
-            obs, env_state, timestep, history, key, finished, returns, t = carry
-            key, search_key, step_key = jax.random.split(key, 3)
-            history = observe(history, obs, timestep)
-            action = search(state.params, history, search_key, explore=False).action
-            obs, env_state, _, terminated, truncated, info = eval_env.step(step_key, env_state, action, env_params)
-            done = terminated | truncated
-            newly = info["episode_done"] & ~finished
-            returns = jnp.where(newly, info["episode_return"], returns)
-            return (
-                obs,
-                env_state,
-                jnp.where(done, 0, timestep + 1),
-                record_action(history, action, done),
-                key,
-                finished | newly,
-                returns,
-                t + 1,
-            )
-
-        def keep_going(carry):
-            return ~jnp.all(carry[5]) & (carry[7] < spec.max_episode_steps + 1)
-
-        carry = (obs, env_state, jnp.zeros(E, jnp.int32), empty_history(E), key, jnp.zeros(E, bool), jnp.zeros(E), 0)
-        return jax.lax.while_loop(keep_going, body, carry)[6]
+        return evaluate_greedy(eval_env, env_params, search, args, spec.max_episode_steps, state, key)
 
     return UniZero(
-        init, update, train, evaluate, root_fn, recurrent_fn, search, loss_fn, collect_step, learn, graphdef, spec
+        init,
+        update,
+        train,
+        evaluate,
+        functools.partial(root_fn, graphdef, width=2 * args.num_unroll_steps),
+        functools.partial(recurrent_fn, graphdef, args.gamma),
+        search,
+        loss_fn,
+        lambda state, _: collect_step(env, env_params, search, state),
+        learn,
+        graphdef,
+        spec,
     )
 
 
