@@ -26,10 +26,12 @@ Details, logged metrics and measured results: docs/mpo.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
+import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -292,6 +294,30 @@ class Duals(struct.PyTreeNode):
     penalty_temperature: jax.Array  # [] eta of the action penalty (unused unless action_penalization)
 
 
+class Hyperparams(struct.PyTreeNode):
+    """The float hyperparameters a learner step reads (same meaning as the `Args`
+    fields of the same names). They live in the Learner, inside the runner state,
+    so `jax.vmap(train, in_axes=(None, 0))` over a stacked Hyperparams is a sweep
+    in one compile. Whether targets are copied or averaged stays static
+    (`target_update_rate` 0 or not); the rate itself is swept."""
+
+    policy_lr: jax.Array  # [] policy Adam step size (divided by m_steps)
+    critic_lr: jax.Array  # [] critic Adam step size
+    temperature_lr: jax.Array  # [] Adam step size of the temperatures eta (E-step and action penalty)
+    alpha_lr: jax.Array  # [] Adam step size of the KL multipliers alpha_mu, alpha_sigma
+    gamma: jax.Array  # [] discount per env step
+    epsilon: jax.Array  # [] E-step bound on KL(q || pi_target)
+    epsilon_mean: jax.Array  # [] M-step bound on the mean part of the KL, per action dimension
+    epsilon_stddev: jax.Array  # [] M-step bound on the std part of the KL, per action dimension
+    epsilon_penalty: jax.Array  # [] E-step KL bound of the action-penalty objective
+    target_update_rate: jax.Array  # [] EMA rate of the targets (used when the Args value is not 0)
+    retrace_lambda: jax.Array  # [] Retrace trace parameter lambda
+
+    @classmethod
+    def from_args(cls, args: Args) -> Hyperparams:
+        return cls(*(jnp.float32(getattr(args, f.name)) for f in fields(cls)))
+
+
 class Learner(struct.PyTreeNode):
     policy: nnx.State
     critic: nnx.State
@@ -303,6 +329,7 @@ class Learner(struct.PyTreeNode):
     dual_opt: optax.OptState
     gradient_steps: jax.Array  # [] learner (gradient) steps taken
     skipped: jax.Array  # [] learner steps skipped because something was not finite (skip_nonfinite; else 0)
+    hparams: Hyperparams
 
 
 class RunnerState(struct.PyTreeNode):
@@ -324,18 +351,22 @@ def positive(raw: jax.Array) -> jax.Array:
 
 def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q) -> jax.Array:
     """KL(N(mean_p, std_p^2) || N(mean_q, std_q^2)) per dimension, closed form:
-    log(std_q / std_p) + (std_p^2 + (mean_p - mean_q)^2) / (2 std_q^2) - 1/2."""
+    log(std_q / std_p) + (std_p^2 + (mean_p - mean_q)^2) / (2 std_q^2) - 1/2.
+
+    Written out in log-stds rather than distrax.Normal(...).kl_divergence: distrax
+    forms (mu_p / std_q - mu_q / std_q)^2 and log(exp(log_std)), which moves the small
+    decoupled KLs of a trust region by up to ~2% (measured on the tiny preset)."""
     var_ratio = jnp.exp(2.0 * (log_std_p - log_std_q))
     return 0.5 * (var_ratio + jnp.square(mean_p - mean_q) * jnp.exp(-2.0 * log_std_q) - 1.0) + (log_std_q - log_std_p)
 
 
 def gaussian_log_prob(x, mean, log_std) -> jax.Array:
-    """log N(x; mean, exp(log_std)^2) summed over the last axis."""
-    z = (x - mean) * jnp.exp(-log_std)
-    return jnp.sum(-0.5 * jnp.square(z) - log_std - 0.5 * jnp.log(2.0 * jnp.pi), axis=-1)
+    """log pi(x) of the diagonal Gaussian policy N(mean, diag(exp(log_std)^2)):
+    x, mean, log_std [..., A] -> [...]."""
+    return distrax.MultivariateNormalDiag(mean, jnp.exp(log_std)).log_prob(x)
 
 
-def e_step(q_values: jax.Array, temperature: jax.Array, epsilon: float) -> tuple[jax.Array, jax.Array]:
+def e_step(q_values: jax.Array, temperature: jax.Array, epsilon: float | jax.Array) -> tuple[jax.Array, jax.Array]:
     """Non-parametric E-step (Abdolmaleki et al. 2018b, eq. 4-5).
 
     q_values [B, N]: Q of N actions sampled from the target policy per state.
@@ -399,7 +430,7 @@ def m_step_loss(
     return -weighted_log_likelihood + penalty, (kl_mean, kl_stddev)
 
 
-def alpha_loss(alpha: jax.Array, kl: jax.Array, epsilon: float) -> jax.Array:
+def alpha_loss(alpha: jax.Array, kl: jax.Array, epsilon: float | jax.Array) -> jax.Array:
     """Dual of a KL trust region: sum_j alpha_j (epsilon - sg(KL_j)); its gradient
     epsilon - KL_j makes alpha_j grow while the bound is violated."""
     return jnp.sum(alpha * (epsilon - jax.lax.stop_gradient(kl)))
@@ -426,8 +457,8 @@ def retrace_target(
     terminated: jax.Array,
     truncated: jax.Array,
     log_rho: jax.Array,
-    gamma: float,
-    lam: float,
+    gamma: float | jax.Array,
+    lam: float | jax.Array,
 ) -> jax.Array:
     """Retrace target for Q(s_0, a_0) from a window of T steps (Munos et al. 2016), all [T]:
         Q_ret = Q(s_0, a_0) + sum_t gamma^t (prod_{i=1..t} c_i) delta_t,
@@ -458,13 +489,211 @@ def all_finite(tree) -> jax.Array:
 # --------------------------------------------------------------------------- #
 # Training
 # --------------------------------------------------------------------------- #
+class Model(NamedTuple):
+    """What a learner step uses besides the Learner and the batch: the network
+    structures (their weights live in the Learner), the optimizers, the action bounds."""
+
+    policy_def: nnx.GraphDef
+    critic_def: nnx.GraphDef
+    policy_tx: optax.GradientTransformation
+    critic_tx: optax.GradientTransformation
+    dual_tx: optax.GradientTransformation
+    low: jax.Array  # [A]
+    high: jax.Array  # [A]
+
+    def policy(self, params: nnx.State, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """obs [..., O] -> (mean, log_std) [..., A]."""
+        return nnx.merge(self.policy_def, params)(obs)
+
+    def critic(self, params: nnx.State, obs: jax.Array, action: jax.Array) -> jax.Array:
+        """(obs [..., O], action [..., A]) -> Q [...]."""
+        return nnx.merge(self.critic_def, params)(obs, action)
+
+    def sample_actions(self, params: nnx.State, obs: jax.Array, key: jax.Array, n: int):
+        """n raw samples per state: obs [B, O] -> [B, n, A], with the (mean, log_std) [B, A]."""
+        mean, log_std = self.policy(params, obs)
+        noise = jax.random.normal(key, (obs.shape[0], n, mean.shape[-1]))
+        return mean[:, None] + jnp.exp(log_std)[:, None] * noise, (mean, log_std)
+
+    def expected_q(self, policy_params, critic_params, obs: jax.Array, key: jax.Array, n: int) -> jax.Array:
+        """V(s) = mean_k Q(s, a_k), a_k ~ pi(.|s), k = 1..n: obs [B, O] -> [B]."""
+        actions, _ = self.sample_actions(policy_params, obs, key, n)
+        return self.critic(critic_params, jnp.repeat(obs[:, None], n, 1), actions).mean(axis=1)
+
+
+def make_optimizers(
+    args: Args,
+) -> tuple[optax.GradientTransformation, optax.GradientTransformation, optax.GradientTransformation]:
+    """Adam for the policy, the critic and the duals (each gradient clipped on its own),
+    with the learning rates as injected hyperparameters that `learner_step` sets
+    from `Hyperparams`. One optimizer covers all duals (the seed clips their gradient
+    jointly), the temperatures and the alphas at their own learning rates."""
+    clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
+
+    def adam(learning_rate):
+        return optax.chain(*clip, optax.adam(learning_rate, eps=args.adam_eps))
+
+    def dual_adam(temperature_lr, alpha_lr):
+        by_dual = {
+            "temperature": optax.adam(temperature_lr, eps=args.adam_eps),
+            "alpha": optax.adam(alpha_lr, eps=args.adam_eps),
+        }
+        labels = Duals("temperature", "alpha", "alpha", "temperature")  # type: ignore[arg-type]  # a pytree of labels
+        return optax.chain(*clip, optax.multi_transform(by_dual, labels))
+
+    inject = optax.inject_hyperparams
+    return (
+        inject(adam)(learning_rate=args.policy_lr / args.m_steps),
+        inject(adam)(learning_rate=args.critic_lr),
+        inject(dual_adam)(temperature_lr=args.temperature_lr, alpha_lr=args.alpha_lr),
+    )
+
+
+def with_hyperparams(opt_state, **values: jax.Array):
+    """An inject_hyperparams optimizer state with some hyperparameters replaced."""
+    return opt_state._replace(hyperparams={**opt_state.hyperparams, **values})
+
+
+def critic_targets(args: Args, model: Model, learner: Learner, w: Transition, key: jax.Array) -> jax.Array:
+    """Targets [B] for Q(s_0, a_0) from windows [B, n] (target networks, no gradient)."""
+    gamma = learner.hparams.gamma
+    if args.critic_target == "td":
+        returns, discount, last = n_step_targets(w.reward, w.terminated, w.truncated, gamma)
+        bootstrap_obs = jnp.take_along_axis(w.final_obs, last[:, None, None], axis=1)[:, 0]
+        v_next = model.expected_q(learner.target_policy, learner.target_critic, bootstrap_obs, key, args.num_samples)
+        return returns + discount * v_next
+    # Retrace: Q and V along the window, importance ratios of the target policy.
+    batch, steps = w.reward.shape
+    flat = lambda x: x.reshape((batch * steps,) + x.shape[2:])
+    q = model.critic(learner.target_critic, w.obs, w.action)  # [B, n]
+    v_next = model.expected_q(learner.target_policy, learner.target_critic, flat(w.final_obs), key, args.num_samples)
+    mean, log_std = model.policy(learner.target_policy, w.obs)
+    log_rho = gaussian_log_prob(w.action, mean, log_std) - w.log_prob
+    return jax.vmap(retrace_target, in_axes=(0, 0, 0, 0, 0, 0, None, None))(
+        q,
+        v_next.reshape(batch, steps),
+        w.reward,
+        w.terminated,
+        w.truncated,
+        log_rho,
+        gamma,
+        learner.hparams.retrace_lambda,
+    )
+
+
+def learner_step(args: Args, model: Model, learner: Learner, w: Transition, key: jax.Array):
+    """One MPO update on windows [B, n], in the seed's order: target sync if due,
+    critic step, dual step, M-step(s) with the updated multipliers. With
+    `skip_nonfinite`, skipped (state unchanged, counted) when anything
+    computed is not finite. Returns (Learner, metrics of scalars)."""
+    hp = learner.hparams
+    target_key, e_key = jax.random.split(key)
+    if args.target_update_rate == 0.0:
+        sync = learner.gradient_steps % args.target_copy_period == 0
+        learner = learner.replace(
+            target_policy=jax.tree.map(lambda t, p: jnp.where(sync, p, t), learner.target_policy, learner.policy),
+            target_critic=jax.tree.map(lambda t, p: jnp.where(sync, p, t), learner.target_critic, learner.critic),
+        )
+    obs, action = w.obs[:, 0], w.action[:, 0]
+
+    # Critic: regress Q(s_0, clip(a_0)) on the target.
+    y = jax.lax.stop_gradient(critic_targets(args, model, learner, w, target_key))
+    critic_loss_fn = lambda params: jnp.mean(jnp.square(model.critic(params, obs, action) - y))
+    critic_loss, critic_grads = jax.value_and_grad(critic_loss_fn)(learner.critic)
+    critic_opt = with_hyperparams(learner.critic_opt, learning_rate=hp.critic_lr)
+    updates, critic_opt = model.critic_tx.update(critic_grads, critic_opt, learner.critic)
+    critic_params = optax.apply_updates(learner.critic, updates)
+
+    # E-step with the target networks: N actions per state, scored by the target critic.
+    sampled, (target_mean, target_log_std) = model.sample_actions(learner.target_policy, obs, e_key, args.num_samples)
+    sampled_q = model.critic(learner.target_critic, jnp.repeat(obs[:, None], args.num_samples, 1), sampled)  # [B, N]
+    online_mean, online_log_std = model.policy(learner.policy, obs)
+    kl_mean, kl_stddev = decoupled_kls(online_mean, online_log_std, target_mean, target_log_std)
+
+    def dual_loss_fn(duals: Duals):
+        q_weights, temperature_loss = e_step(sampled_q, positive(duals.temperature), hp.epsilon)
+        loss = temperature_loss + alpha_loss(positive(duals.alpha_mean), kl_mean, hp.epsilon_mean)
+        loss = loss + alpha_loss(positive(duals.alpha_stddev), kl_stddev, hp.epsilon_stddev)
+        weights = q_weights
+        if args.action_penalization:
+            # MO-MPO (Abdolmaleki et al. 2020): a second objective, -||a - clip(a)||, with its own temperature.
+            cost = -jnp.linalg.norm(sampled - jnp.clip(sampled, model.low, model.high), axis=-1)
+            penalty_weights, penalty_loss = e_step(cost, positive(duals.penalty_temperature), hp.epsilon_penalty)
+            weights, loss = weights + penalty_weights, loss + penalty_loss
+        return loss, (weights, q_weights)
+
+    (dual_loss, (weights, q_weights)), dual_grads = jax.value_and_grad(dual_loss_fn, has_aux=True)(learner.duals)
+    dual_opt = with_hyperparams(learner.dual_opt, temperature_lr=hp.temperature_lr, alpha_lr=hp.alpha_lr)
+    updates, dual_opt = model.dual_tx.update(dual_grads, dual_opt, learner.duals)
+    # Project the raw duals after the step (Acme), not in the forward pass: a
+    # forward clamp would freeze a dual below -18 for good.
+    duals = jax.tree.map(lambda x: jnp.maximum(x, -18.0), optax.apply_updates(learner.duals, updates))
+
+    # M-step with the updated multipliers.
+    alpha_mean, alpha_stddev = positive(duals.alpha_mean), positive(duals.alpha_stddev)
+
+    def policy_loss_fn(params):
+        mean, log_std = model.policy(params, obs)
+        return m_step_loss(mean, log_std, target_mean, target_log_std, sampled, weights, alpha_mean, alpha_stddev)
+
+    def m_step(carry, _):
+        params, opt_state = carry
+        (loss, _), grads = jax.value_and_grad(policy_loss_fn, has_aux=True)(params)
+        updates, opt_state = model.policy_tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    policy_opt = with_hyperparams(learner.policy_opt, learning_rate=hp.policy_lr / args.m_steps)
+    (policy_params, policy_opt), policy_losses = jax.lax.scan(m_step, (learner.policy, policy_opt), None, args.m_steps)
+
+    new = learner.replace(
+        policy=policy_params,
+        critic=critic_params,
+        duals=duals,
+        policy_opt=policy_opt,
+        critic_opt=critic_opt,
+        dual_opt=dual_opt,
+        gradient_steps=learner.gradient_steps + 1,
+    )
+    if args.target_update_rate > 0.0:
+        polyak = lambda t, p: (1.0 - hp.target_update_rate) * t + hp.target_update_rate * p
+        new = new.replace(
+            target_policy=jax.tree.map(polyak, new.target_policy, new.policy),
+            target_critic=jax.tree.map(polyak, new.target_critic, new.critic),
+        )
+    if args.skip_nonfinite:
+        ok = all_finite((w, y, critic_loss, dual_loss, policy_losses, critic_params, policy_params, duals))
+        learner = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, learner)
+        learner = learner.replace(skipped=learner.skipped + (~ok).astype(jnp.int32))
+    else:  # applied as computed: a non-finite state stops the run as diverged (common/runner.py)
+        learner = new
+    e_step_kl = weights_kl_to_uniform(q_weights)
+    metrics = {
+        "critic_loss": critic_loss,
+        "policy_loss": policy_losses[-1],
+        "dual_loss": dual_loss,
+        "temperature": positive(duals.temperature),
+        "alpha_mean": alpha_mean.mean(),
+        "alpha_stddev": alpha_stddev.mean(),
+        "kl_mean": kl_mean.mean(),
+        "kl_stddev": kl_stddev.mean(),
+        "kl_q_rel": e_step_kl.mean() / hp.epsilon,
+        "q_weight_entropy": -jnp.mean(jnp.sum(q_weights * jnp.log(q_weights + 1e-8), axis=-1)),
+        "q_min": sampled_q.min(),
+        "q_max": sampled_q.max(),
+        "policy_std_min": jnp.exp(target_log_std).min(),
+        "policy_std_max": jnp.exp(target_log_std).max(),
+    }
+    return learner, metrics
+
+
 class MPO(NamedTuple):
-    init: Any  # key -> RunnerState
+    init: Any  # (key, hparams=None) -> RunnerState
     update: Any  # RunnerState -> (RunnerState, metrics)
-    train: Any  # key -> (RunnerState, metrics [num_updates])
+    train: Any  # (key, hparams=None) -> (RunnerState, metrics [num_updates])
     evaluate: Any  # (RunnerState, key) -> returns [eval_episodes]
     learner_step: Any  # (Learner, batch windows, key) -> (Learner, metrics): one MPO update
     spec: envs.EnvSpec
+    model: Model
 
 
 def make_train(args: Args) -> MPO:
@@ -478,49 +707,19 @@ def make_train(args: Args) -> MPO:
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=True)
     obs_dim = int(np.prod(spec.obs_shape))
     action_dim = spec.num_actions
-    low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
-    policy_def = nnx.graphdef(nnx.eval_shape(lambda: Policy(obs_dim, action_dim, args, nnx.Rngs(0))))
-    critic_def = nnx.graphdef(nnx.eval_shape(lambda: Critic(obs_dim, spec, args, nnx.Rngs(0))))
+    model = Model(
+        nnx.graphdef(nnx.eval_shape(lambda: Policy(obs_dim, action_dim, args, nnx.Rngs(0)))),
+        nnx.graphdef(nnx.eval_shape(lambda: Critic(obs_dim, spec, args, nnx.Rngs(0)))),
+        *make_optimizers(args),
+        jnp.asarray(spec.action_low),
+        jnp.asarray(spec.action_high),
+    )
     vector_steps = args.train_frequency // args.num_envs
     window = args.n_step
+    step = functools.partial(learner_step, args, model)
 
-    def policy(params, obs):
-        return nnx.merge(policy_def, params)(obs)
-
-    def critic(params, obs, action):
-        return nnx.merge(critic_def, params)(obs, action)
-
-    def sample_actions(params, obs, key, n):
-        """n raw samples per state: obs [B, O] -> [B, n, A], with the (mean, log_std) [B, A]."""
-        mean, log_std = policy(params, obs)
-        noise = jax.random.normal(key, (obs.shape[0], n, action_dim))
-        return mean[:, None] + jnp.exp(log_std)[:, None] * noise, (mean, log_std)
-
-    def expected_q(policy_params, critic_params, obs, key):
-        """V(s) = mean_k Q(s, a_k), a_k ~ pi(.|s), k = 1..num_samples: obs [B, O] -> [B]."""
-        actions, _ = sample_actions(policy_params, obs, key, args.num_samples)
-        return critic(critic_params, jnp.repeat(obs[:, None], args.num_samples, 1), actions).mean(axis=1)
-
-    def optimizer(lr):
-        clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
-        return optax.chain(*clip, optax.adam(lr, eps=args.adam_eps))
-
-    policy_tx = optimizer(args.policy_lr / args.m_steps)
-    critic_tx = optimizer(args.critic_lr)
-    # One optimizer over all duals (the seed clips their gradient jointly), with
-    # the temperatures and the alphas at their own learning rates.
-    dual_tx = optax.chain(
-        *([optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []),
-        optax.multi_transform(
-            {
-                "temperature": optax.adam(args.temperature_lr, eps=args.adam_eps),
-                "alpha": optax.adam(args.alpha_lr, eps=args.adam_eps),
-            },
-            Duals("temperature", "alpha", "alpha", "temperature"),  # type: ignore[arg-type]  # a pytree of labels
-        ),
-    )
-
-    def init(key: jax.Array) -> RunnerState:
+    def init(key: jax.Array, hparams: Hyperparams | None = None) -> RunnerState:
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
         key, policy_key, critic_key, env_key = jax.random.split(key, 4)
         policy_params = nnx.split(Policy(obs_dim, action_dim, args, nnx.Rngs(policy_key)))[1]
         critic_params = nnx.split(Critic(obs_dim, spec, args, nnx.Rngs(critic_key)))[1]
@@ -536,11 +735,12 @@ def make_train(args: Args) -> MPO:
             target_policy=policy_params,
             target_critic=critic_params,
             duals=duals,
-            policy_opt=policy_tx.init(policy_params),
-            critic_opt=critic_tx.init(critic_params),
-            dual_opt=dual_tx.init(duals),
+            policy_opt=model.policy_tx.init(policy_params),
+            critic_opt=model.critic_tx.init(critic_params),
+            dual_opt=model.dual_tx.init(duals),
             gradient_steps=jnp.int32(0),
             skipped=jnp.int32(0),
+            hparams=hparams,
         )
         obs, env_state = env.reset(env_key, env_params)
         example = Transition(
@@ -550,128 +750,10 @@ def make_train(args: Args) -> MPO:
             learner, buffers.init(example, args.buffer_size, args.num_envs), env_state, obs, key, jnp.int32(0)
         )
 
-    def critic_targets(learner: Learner, w: Transition, key) -> jax.Array:
-        """Targets for Q(s_0, a_0) from windows [B, n] (target networks, no gradient)."""
-        if args.critic_target == "td":
-            returns, discount, last = n_step_targets(w.reward, w.terminated, w.truncated, args.gamma)
-            bootstrap_obs = jnp.take_along_axis(w.final_obs, last[:, None, None], axis=1)[:, 0]
-            return returns + discount * expected_q(learner.target_policy, learner.target_critic, bootstrap_obs, key)
-        # Retrace: Q and V along the window, importance ratios of the target policy.
-        batch, steps = w.reward.shape
-        flat = lambda x: x.reshape((batch * steps,) + x.shape[2:])
-        q = critic(learner.target_critic, w.obs, w.action)  # [B, n]
-        v_next = expected_q(learner.target_policy, learner.target_critic, flat(w.final_obs), key).reshape(batch, steps)
-        mean, log_std = policy(learner.target_policy, w.obs)
-        log_rho = gaussian_log_prob(w.action, mean, log_std) - w.log_prob
-        return jax.vmap(retrace_target, in_axes=(0, 0, 0, 0, 0, 0, None, None))(
-            q, v_next, w.reward, w.terminated, w.truncated, log_rho, args.gamma, args.retrace_lambda
-        )
-
-    def learner_step(learner: Learner, w: Transition, key: jax.Array):
-        """One MPO update on windows [B, n], in the seed's order: target sync if due,
-        critic step, dual step, M-step(s) with the updated multipliers. With
-        `skip_nonfinite`, skipped (state unchanged, counted) when anything
-        computed is not finite."""
-        target_key, e_key = jax.random.split(key)
-        if args.target_update_rate == 0.0:
-            sync = learner.gradient_steps % args.target_copy_period == 0
-            learner = learner.replace(
-                target_policy=jax.tree.map(lambda t, p: jnp.where(sync, p, t), learner.target_policy, learner.policy),
-                target_critic=jax.tree.map(lambda t, p: jnp.where(sync, p, t), learner.target_critic, learner.critic),
-            )
-        obs, action = w.obs[:, 0], w.action[:, 0]
-
-        # Critic: regress Q(s_0, clip(a_0)) on the target.
-        y = jax.lax.stop_gradient(critic_targets(learner, w, target_key))
-        critic_loss_fn = lambda params: jnp.mean(jnp.square(critic(params, obs, action) - y))
-        critic_loss, critic_grads = jax.value_and_grad(critic_loss_fn)(learner.critic)
-        updates, critic_opt = critic_tx.update(critic_grads, learner.critic_opt, learner.critic)
-        critic_params = optax.apply_updates(learner.critic, updates)
-
-        # E-step with the target networks: N actions per state, scored by the target critic.
-        sampled, (target_mean, target_log_std) = sample_actions(learner.target_policy, obs, e_key, args.num_samples)
-        sampled_q = critic(learner.target_critic, jnp.repeat(obs[:, None], args.num_samples, 1), sampled)  # [B, N]
-        online_mean, online_log_std = policy(learner.policy, obs)
-        kl_mean, kl_stddev = decoupled_kls(online_mean, online_log_std, target_mean, target_log_std)
-
-        def dual_loss_fn(duals: Duals):
-            q_weights, temperature_loss = e_step(sampled_q, positive(duals.temperature), args.epsilon)
-            loss = temperature_loss + alpha_loss(positive(duals.alpha_mean), kl_mean, args.epsilon_mean)
-            loss = loss + alpha_loss(positive(duals.alpha_stddev), kl_stddev, args.epsilon_stddev)
-            weights = q_weights
-            if args.action_penalization:
-                # MO-MPO (Abdolmaleki et al. 2020): a second objective, -||a - clip(a)||, with its own temperature.
-                cost = -jnp.linalg.norm(sampled - jnp.clip(sampled, low, high), axis=-1)
-                penalty_weights, penalty_loss = e_step(cost, positive(duals.penalty_temperature), args.epsilon_penalty)
-                weights, loss = weights + penalty_weights, loss + penalty_loss
-            return loss, (weights, q_weights)
-
-        (dual_loss, (weights, q_weights)), dual_grads = jax.value_and_grad(dual_loss_fn, has_aux=True)(learner.duals)
-        updates, dual_opt = dual_tx.update(dual_grads, learner.dual_opt, learner.duals)
-        # Project the raw duals after the step (Acme), not in the forward pass: a
-        # forward clamp would freeze a dual below -18 for good.
-        duals = jax.tree.map(lambda x: jnp.maximum(x, -18.0), optax.apply_updates(learner.duals, updates))
-
-        # M-step with the updated multipliers.
-        alpha_mean, alpha_stddev = positive(duals.alpha_mean), positive(duals.alpha_stddev)
-
-        def policy_loss_fn(params):
-            mean, log_std = policy(params, obs)
-            return m_step_loss(mean, log_std, target_mean, target_log_std, sampled, weights, alpha_mean, alpha_stddev)
-
-        def m_step(carry, _):
-            params, opt_state = carry
-            (loss, _), grads = jax.value_and_grad(policy_loss_fn, has_aux=True)(params)
-            updates, opt_state = policy_tx.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), loss
-
-        (policy_params, policy_opt), policy_losses = jax.lax.scan(
-            m_step, (learner.policy, learner.policy_opt), None, args.m_steps
-        )
-
-        new = learner.replace(
-            policy=policy_params,
-            critic=critic_params,
-            duals=duals,
-            policy_opt=policy_opt,
-            critic_opt=critic_opt,
-            dual_opt=dual_opt,
-            gradient_steps=learner.gradient_steps + 1,
-        )
-        if args.target_update_rate > 0.0:
-            polyak = lambda t, p: (1.0 - args.target_update_rate) * t + args.target_update_rate * p
-            new = new.replace(
-                target_policy=jax.tree.map(polyak, new.target_policy, new.policy),
-                target_critic=jax.tree.map(polyak, new.target_critic, new.critic),
-            )
-        if args.skip_nonfinite:
-            ok = all_finite((w, y, critic_loss, dual_loss, policy_losses, critic_params, policy_params, duals))
-            learner = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, learner)
-            learner = learner.replace(skipped=learner.skipped + (~ok).astype(jnp.int32))
-        else:  # applied as computed: a non-finite state stops the run as diverged (common/runner.py)
-            learner = new
-        e_step_kl = weights_kl_to_uniform(q_weights)
-        metrics = {
-            "critic_loss": critic_loss,
-            "policy_loss": policy_losses[-1],
-            "dual_loss": dual_loss,
-            "temperature": positive(duals.temperature),
-            "alpha_mean": alpha_mean.mean(),
-            "alpha_stddev": alpha_stddev.mean(),
-            "kl_mean": kl_mean.mean(),
-            "kl_stddev": kl_stddev.mean(),
-            "kl_q_rel": e_step_kl.mean() / args.epsilon,
-            "q_weight_entropy": -jnp.mean(jnp.sum(q_weights * jnp.log(q_weights + 1e-8), axis=-1)),
-            "q_min": sampled_q.min(),
-            "q_max": sampled_q.max(),
-            "policy_std_min": jnp.exp(target_log_std).min(),
-            "policy_std_max": jnp.exp(target_log_std).max(),
-        }
-        return learner, metrics
-
     def act(state: RunnerState, _):
+        """One step of every env with a Gaussian sample of the online policy: actions [num_envs, A]."""
         key, action_key, step_key = jax.random.split(state.key, 3)
-        mean, log_std = policy(state.learner.policy, state.obs)
+        mean, log_std = model.policy(state.learner.policy, state.obs)
         action = mean + jnp.exp(log_std) * jax.random.normal(action_key, mean.shape)
         next_obs, env_state, reward, terminated, truncated, info = env.step(
             step_key, state.env_state, action, env_params
@@ -695,12 +777,14 @@ def make_train(args: Args) -> MPO:
         return state, {k: info[k] for k in ("episode_done", "episode_return", "episode_length")}
 
     def learn(state: RunnerState, _):
+        """One learner step on `batch_size` windows [B, n_step] drawn uniformly from replay."""
         key, sample_key, step_key = jax.random.split(state.key, 3)
         sample = buffers.sample(state.buffer, sample_key, args.batch_size, window)
-        learner, metrics = learner_step(state.learner, sample.windows, step_key)
+        learner, metrics = step(state.learner, sample.windows, step_key)
         return state.replace(learner=learner, key=key), metrics
 
     def phase(state: RunnerState, _):
+        """train_frequency env steps, then gradient_steps learner steps once learning has started."""
         state, episode_info = jax.lax.scan(act, state, None, vector_steps)
         learning = (state.env_steps >= args.learning_starts) & buffers.can_sample(state.buffer, window)
 
@@ -726,15 +810,17 @@ def make_train(args: Args) -> MPO:
             **skipped,
         }
 
-    def train(key: jax.Array):
-        return jax.lax.scan(lambda s, _: update(s), init(key), None, args.num_updates)
+    def train(key: jax.Array, hparams: Hyperparams | None = None):
+        """The whole run as one `lax.scan` over updates: jit it, vmap it over
+        seeds (keys) and hyperparameters."""
+        return jax.lax.scan(lambda s, _: update(s), init(key, hparams), None, args.num_updates)
 
     def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
         """The policy mean (clipped by the env), one episode in each of `eval_episodes` envs."""
-        mean_action = lambda obs: policy(state.learner.policy, obs)[0]
+        mean_action = lambda obs: model.policy(state.learner.policy, obs)[0]
         return envs.evaluate_episodes(eval_env, env_params, mean_action, key, spec.max_episode_steps + 1)
 
-    return MPO(init, update, train, evaluate, learner_step, spec)
+    return MPO(init, update, train, evaluate, step, spec, model)
 
 
 # --------------------------------------------------------------------------- #

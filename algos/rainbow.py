@@ -28,7 +28,7 @@ Details, logged metrics and measured results: docs/rainbow.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
@@ -321,6 +321,29 @@ class QNetwork(nnx.Module):
 # --------------------------------------------------------------------------- #
 # Pytrees
 # --------------------------------------------------------------------------- #
+class Hyperparams(struct.PyTreeNode):
+    """The float hyperparameters the jitted update reads (same meaning as the
+    `Args` fields of the same names). They live in the runner state, so
+    `jax.vmap(train, in_axes=(None, 0))` over a stacked Hyperparams is a sweep
+    in one compile. per_alpha stays a static `Args` value: XLA computes
+    p ** 0.5 with a constant exponent as sqrt(p), which a traced exponent would
+    change in the last bit, and with it every run of the alpha-0.5 presets."""
+
+    learning_rate: jax.Array  # [] Adam step size (the start of the linear decay with anneal_lr)
+    gamma: jax.Array  # [] discount per env step
+    tau: jax.Array  # [] target <- tau * online + (1 - tau) * target (1: hard copy)
+    start_e: jax.Array  # [] initial epsilon of epsilon-greedy (unused with noisy nets)
+    end_e: jax.Array  # [] final epsilon
+    exploration_fraction: jax.Array  # [] fraction of total_timesteps over which epsilon decays
+    per_beta0: jax.Array  # [] importance-sampling exponent at the start of the run
+    per_beta1: jax.Array  # [] importance-sampling exponent at the end of the run
+    per_eps: jax.Array  # [] added to |TD error| (or the C51 loss) to form a priority
+
+    @classmethod
+    def from_args(cls, args: Args) -> Hyperparams:
+        return cls(*(jnp.float32(getattr(args, f.name)) for f in fields(cls)))
+
+
 class Transition(NamedTuple):
     """One env step as stored in replay (leaves [num_envs, ...] when added)."""
 
@@ -342,6 +365,7 @@ class RunnerState(struct.PyTreeNode):
     key: jax.Array
     env_steps: jax.Array  # [] env steps per seed so far
     gradient_steps: jax.Array  # [] gradient steps taken
+    hparams: Hyperparams
 
 
 class Learner(NamedTuple):
@@ -358,14 +382,16 @@ class Learner(NamedTuple):
 # --------------------------------------------------------------------------- #
 # Algorithm logic (pure functions; the unit tests import these)
 # --------------------------------------------------------------------------- #
-def linear_schedule(start: float, end: float, duration: float, t: jax.Array) -> jax.Array:
+def linear_schedule(
+    start: float | jax.Array, end: float | jax.Array, duration: float | jax.Array, t: jax.Array
+) -> jax.Array:
     """start -> end linearly over `duration`, then constant."""
     fraction = jnp.clip(t / jnp.maximum(duration, 1.0), 0.0, 1.0)
     return start + fraction * (end - start)
 
 
 def n_step_targets(
-    rewards: jax.Array, terminated: jax.Array, truncated: jax.Array, gamma: float
+    rewards: jax.Array, terminated: jax.Array, truncated: jax.Array, gamma: float | jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """n-step returns of windows that may cross episode ends (Hessel et al. 2018, eq. 2).
 
@@ -421,6 +447,18 @@ def importance_weights(probability: jax.Array, num_valid: jax.Array, beta: jax.A
     return weights / weights.max()
 
 
+def mean_return(out: jax.Array, support: jax.Array) -> jax.Array:
+    """[..., atoms] -> [...]: the expected return a network output stands for:
+    the output itself for expected-value DQN (one atom), else the mean
+    sum_i softmax(logits)_i z_i of the categorical return distribution on the
+    support z [atoms]. That distribution stays hand-written (softmax, the
+    projection above, a cross-entropy) rather than a distrax.Categorical: those
+    steps on a fixed support are what C51 teaches."""
+    if support.shape[0] == 1:
+        return out[..., 0]
+    return jnp.sum(jax.nn.softmax(out, axis=-1) * support, axis=-1)
+
+
 def greedy_actions(q_values: jax.Array) -> jax.Array:
     return jnp.argmax(q_values, axis=-1)
 
@@ -438,12 +476,121 @@ def bootstrap_outputs(target_out: jax.Array, target_q: jax.Array, online_q: jax.
 # Training
 # --------------------------------------------------------------------------- #
 class Rainbow(NamedTuple):
-    init: Any  # key -> RunnerState
+    init: Any  # (key, hparams=None) -> RunnerState
     update: Any  # RunnerState -> (RunnerState, metrics)
-    train: Any  # key -> (RunnerState, metrics [num_updates])
+    train: Any  # (key, hparams=None) -> (RunnerState, metrics [num_updates])
     evaluate: Any  # (RunnerState, key) -> returns [eval_episodes]
     q_values: Any  # (params, obs, key | None) -> Q [..., A]
     spec: envs.EnvSpec
+
+
+def make_optimizer(args: Args) -> optax.GradientTransformation:
+    """Adam (optionally after a global-norm clip) with the learning rate as an
+    injected hyperparameter, so `learner_step` can set it from `Hyperparams`."""
+
+    def adam(learning_rate):
+        clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
+        return optax.chain(*clip, optax.adam(learning_rate, eps=args.adam_eps))
+
+    return optax.inject_hyperparams(adam)(learning_rate=args.learning_rate)
+
+
+def td_loss(
+    args: Args,
+    graphdef: nnx.GraphDef,
+    support: jax.Array,
+    params: nnx.State,
+    target_params: nnx.State,
+    sample: buffers.Sample,
+    hparams: Hyperparams,
+    beta: jax.Array,
+    key: jax.Array,
+) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
+    """Mean importance-weighted TD loss of a batch of n-step windows [B, n].
+
+    Distributional (num_atoms > 1): cross-entropy between the projected target
+    distribution and the online one (Bellemare et al. 2017, eq. 7); else squared
+    error or Huber on the TD error. Returns (loss, (priority [B], stats)).
+    """
+    network = lambda p, obs, k: nnx.merge(graphdef, p)(obs, k)  # [B, A, atoms]
+    distributional = args.num_atoms > 1
+    w = sample.windows
+    returns, discount, last = n_step_targets(w.reward, w.terminated, w.truncated, hparams.gamma)
+    bootstrap_obs = jnp.take_along_axis(w.final_obs, last.reshape((-1,) + (1,) * (w.final_obs.ndim - 1)), axis=1)[:, 0]
+    obs, action = w.obs[:, 0], w.action[:, 0]
+    online_key, next_key, target_key = jax.random.split(key, 3) if args.noisy else (None, None, None)
+
+    target_out = network(target_params, bootstrap_obs, target_key)  # [B, A, atoms]
+    target_q = mean_return(target_out, support)
+    online_q = mean_return(network(params, bootstrap_obs, next_key), support) if args.double_q else None
+    target_next = bootstrap_outputs(target_out, target_q, online_q)  # [B, atoms]
+    online = jnp.take_along_axis(network(params, obs, online_key), action[:, None, None], axis=1)[:, 0]
+
+    if distributional:
+        target_probs = jax.lax.stop_gradient(
+            categorical_projection(jax.nn.softmax(target_next), returns, discount, support)
+        )
+        per_sample = -jnp.sum(target_probs * jax.nn.log_softmax(online), axis=-1)  # cross-entropy
+        priority = per_sample
+    else:
+        target = jax.lax.stop_gradient(returns + discount * target_next[:, 0])
+        td_error = online[:, 0] - target
+        per_sample = jnp.square(td_error) if args.loss == "mse" else optax.huber_loss(td_error, delta=1.0)
+        priority = jnp.abs(td_error)
+    weights = importance_weights(sample.probability, sample.num_valid, beta) if args.prioritized else 1.0
+    loss = jnp.mean(weights * per_sample)
+    q_taken = mean_return(online, support)
+    return loss, (priority, {"loss": loss, "q_value": q_taken.mean(), "priority_max": priority.max()})
+
+
+def learner_step(
+    args: Args,
+    graphdef: nnx.GraphDef,
+    support: jax.Array,
+    optimizer: optax.GradientTransformation,
+    learner: Learner,
+    buffer: buffers.Buffer,
+    target_params: nnx.State,
+    hparams: Hyperparams,
+    beta: jax.Array,
+) -> tuple[Learner, dict[str, jax.Array]]:
+    """One gradient step on a batch of `batch_size` windows [B, n_step] drawn from
+    `buffer` (whose priorities are the learner's), then the new priorities."""
+    key, sample_key, noise_key = jax.random.split(learner.key, 3)
+    if args.prioritized:
+        buffer = buffer.replace(priority=learner.priority, max_priority=learner.max_priority)
+    alpha = args.per_alpha if args.prioritized else None
+    sample = buffers.sample(buffer, sample_key, args.batch_size, args.n_step, alpha)
+    grads, (priority, stats) = jax.grad(td_loss, argnums=3, has_aux=True)(
+        args, graphdef, support, learner.params, target_params, sample, hparams, beta, noise_key
+    )
+    learning_rate = hparams.learning_rate
+    if args.anneal_lr:  # linearly to 0 over the run's gradient steps
+        learning_rate = optax.linear_schedule(learning_rate, 0.0, max(1, args.num_gradient_steps))(
+            learner.gradient_steps
+        )
+    opt_state = learner.opt_state._replace(
+        hyperparams={**learner.opt_state.hyperparams, "learning_rate": learning_rate}
+    )
+    updates, opt_state = optimizer.update(grads, opt_state, learner.params)
+    learner = learner._replace(
+        params=optax.apply_updates(learner.params, updates),
+        opt_state=opt_state,
+        key=key,
+        gradient_steps=learner.gradient_steps + 1,
+    )
+    if args.prioritized:
+        buffer = buffers.set_priorities(
+            buffer, sample.rows, sample.envs, jax.lax.stop_gradient(priority) + hparams.per_eps
+        )
+        learner = learner._replace(priority=buffer.priority, max_priority=buffer.max_priority)
+    return learner, stats
+
+
+def update_target(target: nnx.State, online: nnx.State, tau: jax.Array, due: jax.Array) -> nnx.State:
+    """target <- tau * online + (1 - tau) * target where `due` ([] bool); tau = 1 is
+    a hard copy (1 * p + 0 * t is p exactly)."""
+    return jax.tree.map(lambda t, p: jnp.where(due, tau * p + (1.0 - tau) * t, t), target, online)
 
 
 def make_train(args: Args) -> Rainbow:
@@ -462,29 +609,19 @@ def make_train(args: Args) -> Rainbow:
     spec = envs.spec(env, env_params)
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: QNetwork(spec, args, torso, nnx.Rngs(0))))
     support = jnp.linspace(args.v_min, args.v_max, args.num_atoms)
-    distributional = args.num_atoms > 1
     vector_steps = args.train_frequency // args.num_envs
     total = float(args.total_timesteps)
-
-    def network(params, obs, key=None):
-        return nnx.merge(graphdef, params)(obs, key)
+    optimizer = make_optimizer(args)
 
     def q_values(params, obs, key=None):
         """[..., A]: expected return of each action."""
-        out = network(params, obs, key)
-        if not distributional:
-            return out[..., 0]
-        return jnp.sum(jax.nn.softmax(out, axis=-1) * support, axis=-1)
+        return mean_return(nnx.merge(graphdef, params)(obs, key), support)
 
-    clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
-    learning_rate = (
-        optax.linear_schedule(args.learning_rate, 0.0, max(1, args.num_gradient_steps))
-        if args.anneal_lr
-        else args.learning_rate
-    )
-    optimizer = optax.chain(*clip, optax.adam(learning_rate, eps=args.adam_eps))
+    def epsilon(hp: Hyperparams, env_steps: jax.Array) -> jax.Array:
+        return linear_schedule(hp.start_e, hp.end_e, hp.exploration_fraction * total, env_steps)
 
-    def init(key: jax.Array) -> RunnerState:
+    def init(key: jax.Array, hparams: Hyperparams | None = None) -> RunnerState:
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
         key, model_key, env_key = jax.random.split(key, 3)
         params = nnx.split(QNetwork(spec, args, torso, nnx.Rngs(model_key)))[1]
         obs, env_state = env.reset(env_key, env_params)
@@ -499,18 +636,19 @@ def make_train(args: Args) -> Rainbow:
             key=key,
             env_steps=jnp.int32(0),
             gradient_steps=jnp.int32(0),
+            hparams=hparams,
         )
 
     def act(state: RunnerState, _):
-        """One step of every env: epsilon-greedy (or noisy-greedy) actions, replay insertion."""
+        """One step of every env: epsilon-greedy (or noisy-greedy) actions [num_envs], replay insertion."""
         key, noise_key, explore_key, action_key, step_key = jax.random.split(state.key, 5)
         greedy = greedy_actions(q_values(state.params, state.obs, noise_key if args.noisy else None))
         if args.noisy:
             action = greedy  # the noise explores (Fortunato et al. 2018)
         else:
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * total, state.env_steps)
             random_action = jax.random.randint(action_key, greedy.shape, 0, spec.num_actions)
-            action = jnp.where(jax.random.uniform(explore_key, greedy.shape) < epsilon, random_action, greedy)
+            explore = jax.random.uniform(explore_key, greedy.shape) < epsilon(state.hparams, state.env_steps)
+            action = jnp.where(explore, random_action, greedy)
         next_obs, env_state, reward, terminated, truncated, info = env.step(
             step_key, state.env_state, action, env_params
         )
@@ -524,68 +662,12 @@ def make_train(args: Args) -> Rainbow:
         )
         return state, {k: info[k] for k in ("episode_done", "episode_return", "episode_length")}
 
-    def loss_fn(params, target_params, sample: buffers.Sample, beta, key):
-        """Mean importance-weighted TD loss of a batch of n-step windows [B, n]."""
-        w = sample.windows
-        returns, discount, last = n_step_targets(w.reward, w.terminated, w.truncated, args.gamma)
-        bootstrap_obs = jnp.take_along_axis(w.final_obs, last.reshape((-1,) + (1,) * (w.final_obs.ndim - 1)), axis=1)[
-            :, 0
-        ]
-        obs, action = w.obs[:, 0], w.action[:, 0]
-        online_key, next_key, target_key = jax.random.split(key, 3) if args.noisy else (None, None, None)
-
-        target_out = network(target_params, bootstrap_obs, target_key)  # [B, A, atoms]
-        target_q = target_out[..., 0] if not distributional else jnp.sum(jax.nn.softmax(target_out) * support, -1)
-        online_q = q_values(params, bootstrap_obs, next_key) if args.double_q else None
-        target_next = bootstrap_outputs(target_out, target_q, online_q)  # [B, atoms]
-        online = jnp.take_along_axis(network(params, obs, online_key), action[:, None, None], axis=1)[:, 0]
-
-        if distributional:
-            target_probs = jax.lax.stop_gradient(
-                categorical_projection(jax.nn.softmax(target_next), returns, discount, support)
-            )
-            per_sample = -jnp.sum(target_probs * jax.nn.log_softmax(online), axis=-1)  # cross-entropy
-            priority = per_sample
-        else:
-            target = jax.lax.stop_gradient(returns + discount * target_next[:, 0])
-            td_error = online[:, 0] - target
-            per_sample = jnp.square(td_error) if args.loss == "mse" else optax.huber_loss(td_error, delta=1.0)
-            priority = jnp.abs(td_error)
-        weights = importance_weights(sample.probability, sample.num_valid, beta) if args.prioritized else 1.0
-        loss = jnp.mean(weights * per_sample)
-        q_taken = online[:, 0] if not distributional else jnp.sum(jax.nn.softmax(online) * support, -1)
-        return loss, (priority, {"loss": loss, "q_value": q_taken.mean(), "priority_max": priority.max()})
-
-    def learn(learner: Learner, _, buffer: buffers.Buffer, target_params: nnx.State, beta: jax.Array):
-        """One gradient step on a batch drawn from `buffer` (whose priorities are the learner's)."""
-        key, sample_key, noise_key = jax.random.split(learner.key, 3)
-        if args.prioritized:
-            buffer = buffer.replace(priority=learner.priority, max_priority=learner.max_priority)
-        alpha = args.per_alpha if args.prioritized else None
-        sample = buffers.sample(buffer, sample_key, args.batch_size, args.n_step, alpha)
-        grads, (priority, stats) = jax.grad(loss_fn, has_aux=True)(
-            learner.params, target_params, sample, beta, noise_key
-        )
-        updates, opt_state = optimizer.update(grads, learner.opt_state, learner.params)
-        learner = learner._replace(
-            params=optax.apply_updates(learner.params, updates),
-            opt_state=opt_state,
-            key=key,
-            gradient_steps=learner.gradient_steps + 1,
-        )
-        if args.prioritized:
-            buffer = buffers.set_priorities(
-                buffer, sample.rows, sample.envs, jax.lax.stop_gradient(priority) + args.per_eps
-            )
-            learner = learner._replace(priority=buffer.priority, max_priority=buffer.max_priority)
-        return learner, stats
-
     def phase(state: RunnerState, _):
         """train_frequency env steps, then gradient_steps updates once learning has started,
         then the target update if its period ended during this phase."""
         state, episode_info = jax.lax.scan(act, state, None, vector_steps)
         learning = (state.env_steps >= args.learning_starts) & buffers.can_sample(state.buffer, args.n_step)
-        beta = linear_schedule(args.per_beta0, args.per_beta1, total, state.env_steps)
+        beta = linear_schedule(state.hparams.per_beta0, state.hparams.per_beta1, total, state.env_steps)
         # The lax.cond carries only what learning changes, never the replay data or the
         # target network: under vmap (several seeds) the cond becomes a select of both
         # branches' outputs, which would otherwise copy the whole buffer every phase.
@@ -597,11 +679,10 @@ def make_train(args: Args) -> Rainbow:
             state.buffer.priority if args.prioritized else None,
             state.buffer.max_priority if args.prioritized else None,
         )
-
-        def do_learn(learner):
-            return jax.lax.scan(
-                lambda c, x: learn(c, x, state.buffer, state.target_params, beta), learner, None, args.gradient_steps
-            )
+        step = lambda learner, _: learner_step(
+            args, graphdef, support, optimizer, learner, state.buffer, state.target_params, state.hparams, beta
+        )
+        do_learn = lambda learner: jax.lax.scan(step, learner, None, args.gradient_steps)
 
         def skip(learner):
             shapes = jax.eval_shape(do_learn, learner)[1]
@@ -615,12 +696,7 @@ def make_train(args: Args) -> Rainbow:
             state.env_steps // args.target_update_period
             > (state.env_steps - args.train_frequency) // args.target_update_period
         )
-        update_target = learning & period_ended
-        if args.tau == 1.0:  # a hard copy
-            mix = lambda t, p: p
-        else:
-            mix = lambda t, p: args.tau * p + (1 - args.tau) * t
-        target = jax.tree.map(lambda t, p: jnp.where(update_target, mix(t, p), t), state.target_params, learner.params)
+        target = update_target(state.target_params, learner.params, state.hparams.tau, learning & period_ended)
         state = state.replace(
             params=learner.params,
             target_params=target,
@@ -635,15 +711,10 @@ def make_train(args: Args) -> Rainbow:
         """`steps_per_update` env steps per seed with the learning they trigger; metrics are
         means over that stretch (NaN loss while learning has not started)."""
         state, (episode_info, stats) = jax.lax.scan(phase, state, None, args.phases_per_update)
-        epsilon = (
-            0.0
-            if args.noisy
-            else linear_schedule(args.start_e, args.end_e, args.exploration_fraction * total, state.env_steps)
-        )
         metrics = {
             **envs.episode_metrics(episode_info),
             **jax.tree.map(jnp.nanmean, stats),
-            "epsilon": jnp.float32(epsilon),
+            "epsilon": jnp.float32(0.0 if args.noisy else epsilon(state.hparams, state.env_steps)),
             "gradient_steps": state.gradient_steps.astype(jnp.float32),
             "buffer_size": (state.buffer.size * args.num_envs).astype(jnp.float32),
         }
@@ -659,8 +730,10 @@ def make_train(args: Args) -> Rainbow:
             )
         return state, metrics
 
-    def train(key: jax.Array):
-        return jax.lax.scan(lambda s, _: update(s), init(key), None, args.num_updates)
+    def train(key: jax.Array, hparams: Hyperparams | None = None):
+        """The whole run as one `lax.scan` over updates: jit it, vmap it over
+        seeds (keys) and hyperparameters."""
+        return jax.lax.scan(lambda s, _: update(s), init(key, hparams), None, args.num_updates)
 
     def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
         """Greedy with respect to the mean network (no epsilon, no noise); one
