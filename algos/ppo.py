@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
 
 import chex
 import distrax
@@ -216,7 +216,7 @@ class MinAtarCNN(nnx.Module):
 
 # The policies are distrax distributions (as in PureJaxRL): a categorical over
 # logits for discrete actions, a diagonal Gaussian for continuous ones.
-Distribution = distrax.Categorical | distrax.MultivariateNormalDiag
+Distribution: TypeAlias = "distrax.Categorical | distrax.MultivariateNormalDiag"
 
 
 class ActorCritic(nnx.Module):
@@ -269,12 +269,12 @@ class Hyperparams(struct.PyTreeNode):
     """Hyperparameters read inside the jitted update. They live in the runner
     state, so `train` can be vmapped over them (a sweep in one compile)."""
 
-    learning_rate: jax.Array  # []
-    gamma: jax.Array  # []
-    gae_lambda: jax.Array  # []
-    clip_coef: jax.Array  # []
-    ent_coef: jax.Array  # []
-    vf_coef: jax.Array  # []
+    learning_rate: jax.Array  # [] Adam step size (before --anneal-lr's decay)
+    gamma: jax.Array  # [] discount of GAE
+    gae_lambda: jax.Array  # [] GAE lambda
+    clip_coef: jax.Array  # [] surrogate clipping epsilon
+    ent_coef: jax.Array  # [] weight of the entropy bonus
+    vf_coef: jax.Array  # [] weight of the value loss
 
     @classmethod
     def from_args(cls, args: Args) -> Hyperparams:
