@@ -1047,18 +1047,16 @@ def make_train(args: Args) -> UniZeroPPO:
         seeds (keys) and hyperparameters."""
         return jax.lax.scan(lambda s, _: update(s), init(key, hparams), None, args.num_updates)
 
+    def play_episodes(key: jax.Array, choose) -> jax.Array:
+        """One episode in each eval env, each from an empty chunk: returns [eval_episodes]."""
+        empty = empty_context(args.eval_episodes, K, spec.obs_shape)
+        return play(eval_env, env_params, spec.max_episode_steps + 1, empty, key, choose)
+
     def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
         """Pure policy, argmax, no search (the seed's eval_with_pure_policy)."""
         model = nnx.merge(graphdef, state.params)
         greedy = lambda context, slot, _: jnp.argmax(policy_at(model, context, slot)[0], -1)
-        return play(
-            eval_env,
-            env_params,
-            spec.max_episode_steps + 1,
-            empty_context(args.eval_episodes, K, spec.obs_shape),
-            key,
-            greedy,
-        )
+        return play_episodes(key, greedy)
 
     recurrent_fn = search_recurrent_fn(graphdef, args.search_discount)
 
@@ -1073,14 +1071,7 @@ def make_train(args: Args) -> UniZeroPPO:
             )
             return out.action
 
-        return play(
-            eval_env,
-            env_params,
-            spec.max_episode_steps + 1,
-            empty_context(args.eval_episodes, K, spec.obs_shape),
-            key,
-            choose,
-        )
+        return play_episodes(key, choose)
 
     return UniZeroPPO(init, update, train, evaluate, evaluate_search, collect, windows, loss, graphdef, spec)
 
