@@ -22,10 +22,12 @@ Details, logged metrics and measured results: docs/ppo.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
 
 import chex
+import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -212,48 +214,9 @@ class MinAtarCNN(nnx.Module):
         return self.mlp(x.reshape(x.shape[:-3] + (-1,)))
 
 
-class Categorical(NamedTuple):
-    """A discrete policy over A actions, from logits [..., A]."""
-
-    logits: jax.Array
-
-    def sample(self, key: jax.Array) -> jax.Array:
-        return jax.random.categorical(key, self.logits)
-
-    def log_prob(self, action: jax.Array) -> jax.Array:
-        log_probs = jax.nn.log_softmax(self.logits)
-        return jnp.take_along_axis(log_probs, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
-
-    def entropy(self) -> jax.Array:
-        log_probs = jax.nn.log_softmax(self.logits)
-        return -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
-
-    def mode(self) -> jax.Array:
-        return jnp.argmax(self.logits, axis=-1)
-
-
-class DiagGaussian(NamedTuple):
-    """A continuous policy: independent normals, mean [..., A] and log-std [A]."""
-
-    mean: jax.Array
-    log_std: jax.Array
-
-    def sample(self, key: jax.Array) -> jax.Array:
-        return self.mean + jnp.exp(self.log_std) * jax.random.normal(key, self.mean.shape)
-
-    def log_prob(self, action: jax.Array) -> jax.Array:
-        z = (action - self.mean) * jnp.exp(-self.log_std)
-        return jnp.sum(-0.5 * z**2 - self.log_std - 0.5 * jnp.log(2 * jnp.pi), axis=-1)
-
-    def entropy(self) -> jax.Array:
-        entropy_per_dim = self.log_std + 0.5 * (1.0 + jnp.log(2 * jnp.pi))  # [A]
-        return jnp.broadcast_to(jnp.sum(entropy_per_dim, axis=-1), self.mean.shape[:-1])
-
-    def mode(self) -> jax.Array:
-        return self.mean
-
-
-Distribution = Categorical | DiagGaussian
+# The policies are distrax distributions (as in PureJaxRL): a categorical over
+# logits for discrete actions, a diagonal Gaussian for continuous ones.
+Distribution: TypeAlias = "distrax.Categorical | distrax.MultivariateNormalDiag"
 
 
 class ActorCritic(nnx.Module):
@@ -282,8 +245,8 @@ class ActorCritic(nnx.Module):
     def distribution(self, actor_features: jax.Array) -> Distribution:
         out = self.policy_head(actor_features)
         if self.discrete:
-            return Categorical(out)
-        return DiagGaussian(out, self.log_std[...])
+            return distrax.Categorical(logits=out)
+        return distrax.MultivariateNormalDiag(out, jnp.exp(self.log_std[...]) * jnp.ones_like(out))
 
     def act(self, obs: jax.Array) -> Distribution:
         """The policy alone: acting needs no critic."""
@@ -306,12 +269,12 @@ class Hyperparams(struct.PyTreeNode):
     """Hyperparameters read inside the jitted update. They live in the runner
     state, so `train` can be vmapped over them (a sweep in one compile)."""
 
-    learning_rate: jax.Array  # []
-    gamma: jax.Array  # []
-    gae_lambda: jax.Array  # []
-    clip_coef: jax.Array  # []
-    ent_coef: jax.Array  # []
-    vf_coef: jax.Array  # []
+    learning_rate: jax.Array  # [] Adam step size (before --anneal-lr's decay)
+    gamma: jax.Array  # [] discount of GAE
+    gae_lambda: jax.Array  # [] GAE lambda
+    clip_coef: jax.Array  # [] surrogate clipping epsilon
+    ent_coef: jax.Array  # [] weight of the entropy bonus
+    vf_coef: jax.Array  # [] weight of the value loss
 
     @classmethod
     def from_args(cls, args: Args) -> Hyperparams:
@@ -369,7 +332,8 @@ def compute_gae(
     gamma: float | jax.Array,
     gae_lambda: float | jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
-    """Generalised advantage estimation with a reverse `lax.scan`, all inputs [T, N].
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16) with a
+    reverse `lax.scan`, all inputs [T, N].
 
     `next_values[t]` is V of the state step t reached: V(info["final_observation"]),
     which on a truncated step is the state before the automatic reset. Then
@@ -397,6 +361,19 @@ def compute_gae(
     return advantages, advantages + values
 
 
+def clipped_surrogate(
+    new_log_prob: jax.Array, old_log_prob: jax.Array, advantage: jax.Array, clip_coef: float | jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7) as a loss per sample,
+
+        -min(r A, clip(r, 1 - eps, 1 + eps) A),  r = exp(new_log_prob - old_log_prob),
+
+    all inputs of one shape [...]. Returns (losses [...], ratios r [...])."""
+    ratio = jnp.exp(new_log_prob - old_log_prob)
+    clipped_ratio = jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef)
+    return -jnp.minimum(ratio * advantage, clipped_ratio * advantage), ratio
+
+
 def ppo_loss(
     new_log_prob: jax.Array,
     entropy: jax.Array,
@@ -415,13 +392,11 @@ def ppo_loss(
     holds the rollout's log-probs, values, advantages and returns, [M].
     loss = -L^CLIP + vf_coef * L^VF - ent_coef * H + kl_coef * KL
     """
-    log_ratio = new_log_prob - batch.log_prob
-    ratio = jnp.exp(log_ratio)
     advantage = batch.advantage
     if norm_adv:
         advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-    clip = hparams.clip_coef
-    policy_loss = jnp.maximum(-advantage * ratio, -advantage * jnp.clip(ratio, 1 - clip, 1 + clip)).mean()
+    surrogate, ratio = clipped_surrogate(new_log_prob, batch.log_prob, advantage, hparams.clip_coef)
+    policy_loss = surrogate.mean()
 
     value_error = jnp.square(new_value - batch.target_return)
     if clip_vloss:
@@ -430,6 +405,7 @@ def ppo_loss(
     value_loss = 0.5 * value_error.mean()
 
     # KL(old || new) estimated without bias by (ratio - 1) - log ratio (Schulman, "Approximating KL").
+    log_ratio = new_log_prob - batch.log_prob
     approx_kl = ((ratio - 1.0) - log_ratio).mean()
     entropy = entropy.mean()
     loss = policy_loss + hparams.vf_coef * value_loss - hparams.ent_coef * entropy + kl_coef * approx_kl
@@ -438,7 +414,7 @@ def ppo_loss(
         "value_loss": value_loss,
         "entropy": entropy,
         "approx_kl": approx_kl,
-        "clip_fraction": (jnp.abs(ratio - 1.0) > clip).mean(),
+        "clip_fraction": (jnp.abs(ratio - 1.0) > hparams.clip_coef).mean(),
     }
 
 
@@ -453,6 +429,91 @@ def adapt_kl_coef(kl_coef: jax.Array, mean_kl: jax.Array, kl_target: float) -> j
 def explained_variance(prediction: jax.Array, target: jax.Array) -> jax.Array:
     """1 - Var[target - prediction] / Var[target] (1 is perfect, <= 0 is useless)."""
     return 1.0 - jnp.var(target - prediction) / (jnp.var(target) + 1e-8)
+
+
+def collect_rollout(env, env_params, graphdef: nnx.GraphDef, state: RunnerState, num_steps: int):
+    """`num_steps` steps of the N envs with the current policy (acting needs no
+    critic). Returns ((env_state, obs [N, *obs_shape], key), Transition [T, N])."""
+    actor = nnx.merge(graphdef, state.params).act
+
+    def env_step(carry, _):
+        env_state, obs, key = carry
+        key, action_key, step_key = jax.random.split(key, 3)
+        dist = actor(obs)
+        action = dist.sample(seed=action_key)
+        next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
+        transition = Transition(
+            obs,
+            action,
+            dist.log_prob(action),
+            reward,
+            terminated,
+            truncated,
+            info["final_observation"],
+            info["episode_done"],
+            info["episode_return"],
+            info["episode_length"],
+        )
+        return (env_state, next_obs, key), transition
+
+    return jax.lax.scan(env_step, (state.env_state, state.obs, state.key), None, num_steps)
+
+
+def minibatch_step(args: Args, graphdef: nnx.GraphDef, optimizer, carry, minibatch: Batch):
+    """One gradient step of `ppo_loss` on a minibatch [M].
+    carry = (params, opt_state, hparams, kl_coef []); returns (carry, loss metrics of [] arrays)."""
+    params, opt_state, hparams, kl_coef = carry
+
+    def loss_fn(params):
+        dist, new_value = nnx.merge(graphdef, params)(minibatch.obs)
+        return ppo_loss(
+            dist.log_prob(minibatch.action),
+            dist.entropy(),
+            new_value,
+            minibatch,
+            hparams,
+            kl_coef,
+            norm_adv=args.norm_adv,
+            clip_vloss=args.clip_vloss,
+            vf_clip_coef=args.vf_clip_coef,
+        )
+
+    grads, stats = jax.grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state, hparams, kl_coef), stats
+
+
+def learn(args: Args, graphdef: nnx.GraphDef, optimizer, batch: Batch, carry, hparams: Hyperparams, kl_coef):
+    """`update_epochs` epochs over the rollout's batch [B], each a fresh
+    permutation cut into `num_minibatches` minibatches. carry = (params,
+    opt_state, key). With target_kl > 0, epochs after the first whose mean
+    approx-KL passes it change nothing. Returns (carry, stats [epochs,
+    minibatches] per metric, executed [epochs] bool)."""
+    nmb, mbs = args.num_minibatches, args.minibatch_size
+    step = functools.partial(minibatch_step, args, graphdef, optimizer)
+
+    def epoch(carry, _):
+        params, opt_state, key, stopped = carry
+        key, permutation_key = jax.random.split(key)
+        permutation = jax.random.permutation(permutation_key, args.batch_size)
+        minibatches = jax.tree.map(lambda x: x[permutation].reshape((nmb, mbs) + x.shape[1:]), batch)
+        (new_params, new_opt_state, _, _), stats = jax.lax.scan(
+            step, (params, opt_state, hparams, kl_coef), minibatches
+        )
+        if args.target_kl == 0:
+            return (new_params, new_opt_state, key, stopped), (stats, jnp.bool_(True))
+        # Target-KL early stop: once an epoch's mean KL passes target_kl, later epochs change nothing.
+        params, opt_state = jax.tree.map(
+            lambda new, old: jnp.where(stopped, old, new), (new_params, new_opt_state), (params, opt_state)
+        )
+        executed = ~stopped
+        stopped = stopped | (stats["approx_kl"].mean() > args.target_kl)
+        return (params, opt_state, key, stopped), (stats, executed)
+
+    (params, opt_state, key, _), (stats, executed) = jax.lax.scan(
+        epoch, (*carry, jnp.bool_(False)), None, args.update_epochs
+    )
+    return (params, opt_state, key), stats, executed
 
 
 # --------------------------------------------------------------------------- #
@@ -497,17 +558,11 @@ def make_train(args: Args) -> PPO:
             lambda: ActorCritic(spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(0))
         )
     )
-    num_updates, nmb, mbs = args.num_updates, args.num_minibatches, args.minibatch_size
+    num_updates = args.num_updates
     use_kl_penalty = args.kl_coef > 0
 
     def policy(params: nnx.State, obs: jax.Array):
         return nnx.merge(graphdef, params)(obs)
-
-    def actor(params: nnx.State, obs: jax.Array) -> Distribution:
-        return nnx.merge(graphdef, params).act(obs)
-
-    def value_fn(params: nnx.State, obs: jax.Array) -> jax.Array:
-        return nnx.merge(graphdef, params).value(obs)
 
     def make_optimizer(learning_rate):
         adam = optax.adam(learning_rate, eps=args.adam_eps)
@@ -533,61 +588,15 @@ def make_train(args: Args) -> PPO:
             hparams=hparams,
         )
 
-    def rollout(state: RunnerState):
-        """num_steps steps of num_envs envs with the current policy -> Transition [T, N]."""
-
-        def env_step(carry, _):
-            env_state, obs, key = carry
-            key, action_key, step_key = jax.random.split(key, 3)
-            dist = actor(state.params, obs)
-            action = dist.sample(action_key)
-            next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
-            transition = Transition(
-                obs,
-                action,
-                dist.log_prob(action),
-                reward,
-                terminated,
-                truncated,
-                info["final_observation"],
-                info["episode_done"],
-                info["episode_return"],
-                info["episode_length"],
-            )
-            return (env_state, next_obs, key), transition
-
-        return jax.lax.scan(env_step, (state.env_state, state.obs, state.key), None, args.num_steps)
-
-    def minibatch_step(carry, minibatch: Batch):
-        params, opt_state, hparams, kl_coef = carry
-
-        def loss_fn(params):
-            dist, new_value = policy(params, minibatch.obs)
-            return ppo_loss(
-                dist.log_prob(minibatch.action),
-                dist.entropy(),
-                new_value,
-                minibatch,
-                hparams,
-                kl_coef,
-                norm_adv=args.norm_adv,
-                clip_vloss=args.clip_vloss,
-                vf_clip_coef=args.vf_clip_coef,
-            )
-
-        grads, stats = jax.grad(loss_fn, has_aux=True)(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state, hparams, kl_coef), stats
-
     def update(state: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
         """One PPO iteration: rollout, GAE, `update_epochs` x `num_minibatches` steps."""
         hp = state.hparams
-        (env_state, obs, key), traj = rollout(state)
+        (env_state, obs, key), traj = collect_rollout(env, env_params, graphdef, state, args.num_steps)
 
         # The critic is not needed to act, so it runs once over the whole rollout:
         # V(s_t) and V(true next state) in one batched pass [2, T, N] instead of
         # 2 x num_steps small passes inside the sequential loop.
-        values, next_values = value_fn(state.params, jnp.stack([traj.obs, traj.final_obs]))
+        values, next_values = nnx.merge(graphdef, state.params).value(jnp.stack([traj.obs, traj.final_obs]))
         advantages, returns = compute_gae(
             traj.reward, values, next_values, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda
         )
@@ -600,27 +609,8 @@ def make_train(args: Args) -> PPO:
         opt_state = state.opt_state._replace(
             hyperparams={**state.opt_state.hyperparams, "learning_rate": learning_rate}
         )
-
-        def epoch(carry, _):
-            params, opt_state, key, stopped = carry
-            key, permutation_key = jax.random.split(key)
-            permutation = jax.random.permutation(permutation_key, args.batch_size)
-            minibatches = jax.tree.map(lambda x: x[permutation].reshape((nmb, mbs) + x.shape[1:]), batch)
-            (new_params, new_opt_state, _, _), stats = jax.lax.scan(
-                minibatch_step, (params, opt_state, hp, state.kl_coef), minibatches
-            )
-            if args.target_kl == 0:
-                return (new_params, new_opt_state, key, stopped), (stats, jnp.bool_(True))
-            # Target-KL early stop: once an epoch's mean KL passes target_kl, later epochs change nothing.
-            params, opt_state = jax.tree.map(
-                lambda new, old: jnp.where(stopped, old, new), (new_params, new_opt_state), (params, opt_state)
-            )
-            executed = ~stopped
-            stopped = stopped | (stats["approx_kl"].mean() > args.target_kl)
-            return (params, opt_state, key, stopped), (stats, executed)
-
-        (params, opt_state, key, _), (stats, executed) = jax.lax.scan(
-            epoch, (state.params, opt_state, key, jnp.bool_(False)), None, args.update_epochs
+        (params, opt_state, key), stats, executed = learn(
+            args, graphdef, optimizer, batch, (state.params, opt_state, key), hp, state.kl_coef
         )
         # Means over the minibatch steps of the epochs that ran: stats [epochs, minibatches].
         weights = jnp.broadcast_to(executed.astype(jnp.float32)[:, None], stats["approx_kl"].shape)
@@ -628,14 +618,9 @@ def make_train(args: Args) -> PPO:
 
         kl_coef = adapt_kl_coef(state.kl_coef, stats["approx_kl"], args.kl_target) if use_kl_penalty else state.kl_coef
         new_state = RunnerState(params, opt_state, env_state, obs, key, state.update_step + 1, kl_coef, hp)
+        episodes = {"episode_done": traj.episode_done, "episode_return": traj.episode_return}
         metrics = {
-            **envs.episode_metrics(
-                {
-                    "episode_done": traj.episode_done,
-                    "episode_return": traj.episode_return,
-                    "episode_length": traj.episode_length,
-                }
-            ),
+            **envs.episode_metrics({**episodes, "episode_length": traj.episode_length}),
             **stats,
             "explained_variance": explained_variance(batch.value, batch.target_return),
             "learning_rate": learning_rate,
@@ -657,11 +642,12 @@ def make_train(args: Args) -> PPO:
         normaliser = (
             envs.find_state(state.env_state, envs.NormalizeObservationState).obs_stats if args.normalize_obs else None
         )
+        actor = nnx.merge(graphdef, state.params).act
 
         def greedy(obs):
             if normaliser is not None:
                 obs = envs.normalize(obs, normaliser)
-            return actor(state.params, obs).mode()
+            return actor(obs).mode()
 
         return envs.evaluate_episodes(eval_env, env_params, greedy, key, spec.max_episode_steps + 1)
 

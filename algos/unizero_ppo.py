@@ -5,31 +5,27 @@ Papers: Pu et al. 2024, "UniZero: Generalized and Efficient Planning with
 Scalable Latent World Models" (arXiv:2406.10667); Schulman et al. 2017 (PPO,
 arXiv:1707.06347) and 2016 (GAE, arXiv:1506.02438).
 
-The idea (seed 000: a researcher's UniZero + PPO on LightZero): keep UniZero's
-world model, a causal transformer over interleaved (observation-latent, action)
-tokens whose heads predict the next latent and the reward (read at the action
-token) and the policy and value (read at the latent token), and keep its
-self-supervised losses; but drop MCTS. Collection samples actions from the
-policy head (temperature-scaled softmax), evaluation takes its argmax, and the
-policy and value heads are trained by PPO with GAE on fresh data that is thrown
-away after each training phase:
+The idea (the design of seed 000, a UniZero + PPO agent on LightZero): keep
+UniZero's world model, a causal transformer over interleaved
+(observation-latent, action) tokens whose heads predict the next latent and the
+reward (read at the action token) and the policy and value (read at the latent
+token), and keep its self-supervised losses; but drop MCTS. Collection samples
+actions from the policy head (temperature-scaled softmax), evaluation takes its
+argmax, and the policy and value heads are trained by PPO with GAE on fresh
+data that is thrown away after each training phase:
 
     loss = 10 latent MSE + 1 reward CE + 1 PPO clipped surrogate
            + 0.5 value CE(two-hot h(return)) - c_ent entropy.
 
-The seed's six bugs are fixed here and each fix is pinned by a test
-(docs/unizero_ppo.md lists them). The key to two of them is one context rule
-for acting and training: the rollout is cut into aligned chunks of
-`num_unroll_steps` steps, the policy at a step sees the tokens of its chunk (and
-episode) so far, and training runs exactly those chunks as windows, so the
-log-probs stored at collection are the ones training recomputes: the PPO ratio
-of the first update is 1.
+Acting and training share one context rule: the rollout is cut into aligned
+chunks of `num_unroll_steps` steps, the policy at a step sees the tokens of its
+chunk (and episode) so far, and training runs exactly those chunks as windows,
+so the log-probs stored at collection are the ones training recomputes: the
+PPO ratio of the first update is 1.
 
-The defaults go past the seed where measurements said so (docs/unizero_ppo.md):
-PPO's schedule of epochs over each phase's windows, the PPO and value losses
-on the policy and value heads only (LightZero PR 498), gamma 0.997,
-normalised advantages, a target-KL stop, lr 3e-4. `--preset seed` restores
-the seed's settings.
+Where this file departs from the seed (six bugs fixed, each pinned by a test;
+defaults changed where measurements said so), docs/unizero_ppo.md says what
+and why; `--preset seed` restores the seed's settings.
 
     python algos/unizero_ppo.py                        # CartPole-v1, 100k steps (= --preset cartpole)
     python algos/unizero_ppo.py --preset cartpole-v0   # the seed's CartPole-v0 (200-step episodes), 20k steps
@@ -41,6 +37,8 @@ Details, logged metrics and measured results: docs/unizero_ppo.md.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +137,7 @@ class Args:
     value_coef: Annotated[float, NonNegative] = 0.5
     """weight of the value cross-entropy"""
     ent_coef: Annotated[float, NonNegative] = 0.01
-    """entropy bonus (the seed configured 0.01 but never applied it)"""
+    """weight of the entropy bonus (the seed's 0.01)"""
     learning_rate: Annotated[float, Positive] = 3e-4
     """AdamW learning rate (the seed: 1e-4)"""
     anneal_lr: bool = False
@@ -454,6 +452,25 @@ def imagine_step(model: WorldModel, node: SearchNode, action: jax.Array):
 # --------------------------------------------------------------------------- #
 # Pytrees
 # --------------------------------------------------------------------------- #
+class Hyperparams(struct.PyTreeNode):
+    """Hyperparameters read inside the jitted update. They live in the runner
+    state, so `train` can be vmapped over them (a sweep in one compile)."""
+
+    learning_rate: jax.Array  # [] AdamW step size (before --anneal-lr's decay)
+    gamma: jax.Array  # [] discount of GAE
+    gae_lambda: jax.Array  # [] GAE lambda
+    clip_coef: jax.Array  # [] PPO clipping epsilon
+    latent_coef: jax.Array  # [] weight of the latent-consistency MSE
+    reward_coef: jax.Array  # [] weight of the reward cross-entropy
+    policy_coef: jax.Array  # [] weight of the PPO clipped surrogate
+    value_coef: jax.Array  # [] weight of the value cross-entropy
+    ent_coef: jax.Array  # [] weight of the entropy bonus
+
+    @classmethod
+    def from_args(cls, args: Args) -> Hyperparams:
+        return cls(*(jnp.float32(getattr(args, f.name)) for f in dataclasses.fields(cls)))
+
+
 class Transition(NamedTuple):
     """One collected step; under the rollout scan every field gains [T, N] in front."""
 
@@ -470,6 +487,18 @@ class Transition(NamedTuple):
     episode_done: jax.Array  # [N] statistics from jaxzoo.envs.EpisodeStatistics
     episode_return: jax.Array  # [N]
     episode_length: jax.Array  # [N]
+
+
+class Batch(NamedTuple):
+    """Training windows: leaves [W, K, ...]."""
+
+    window: Window
+    log_prob: jax.Array  # [W, K]
+    advantage: jax.Array
+    target_return: jax.Array
+    reward: jax.Array
+    final_obs: jax.Array  # [W, K, *obs_shape]: latent targets
+    value: jax.Array
 
 
 class Context(struct.PyTreeNode):
@@ -490,6 +519,8 @@ class SearchNode(NamedTuple):
 
 
 class RunnerState(struct.PyTreeNode):
+    """Everything a run carries from one phase to the next (and checkpoints)."""
+
     params: nnx.State
     target_encoder: nnx.State  # EMA of the encoder: latent targets
     opt_state: optax.OptState
@@ -499,43 +530,74 @@ class RunnerState(struct.PyTreeNode):
     context: Context
     key: jax.Array
     update_step: jax.Array  # []
+    hparams: Hyperparams
 
 
 # --------------------------------------------------------------------------- #
 # Algorithm logic (pure functions; the unit tests import these)
 # --------------------------------------------------------------------------- #
-def tempered_log_probs(logits: jax.Array, temperature: float) -> jax.Array:
-    """log softmax(logits / T): the distribution collection samples from, and
-    whose log-probs PPO compares (seed bug 3: sampled at T = 0.25, scored at T = 1)."""
+def tempered_log_probs(logits: jax.Array, temperature: float | jax.Array) -> jax.Array:
+    """log softmax(logits / T) [..., A]: the distribution collection samples from,
+    and whose log-probs PPO compares (docs/unizero_ppo.md, bug 3). Written out
+    rather than a distrax.Categorical: the temperature is part of what the PPO
+    ratio is defined on, and a reader should see it in the stored log-prob."""
     return jax.nn.log_softmax(logits / temperature, axis=-1)
 
 
-def compute_gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
-    """GAE over a rollout [T, N] with the value head as baseline (seed bug 1:
-    values were 0), computed over the whole rollout with episode ends cutting
-    the trace (seed bug 5: per-segment padding shifted advantages), and truncated
-    steps bootstrapping from V(final observation) (seed bug 6):
-        delta_t = r_t + gamma (1 - terminated_t) next_values_t - values_t
-        A_t = delta_t + gamma lambda (1 - done_t) A_{t+1}.
-    Returns (advantages, returns = advantages + values)."""
+def compute_gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    gamma: float | jax.Array,
+    gae_lambda: float | jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16) with a
+    reverse `lax.scan`, all inputs [T, N].
+
+    `next_values[t]` is V of the state step t reached: V(info["final_observation"]),
+    which on a truncated step is the state before the automatic reset. Then
+
+        delta_t = r_t + gamma * (1 - terminated_t) * next_values_t - values_t
+        A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}
+
+    with done = terminated or truncated: a time limit keeps its bootstrap but
+    still cuts the trace, because A_{t+1} belongs to the next episode.
+    Returns (advantages, returns = advantages + values), both [T, N].
+    """
     chex.assert_equal_shape([rewards, values, next_values, terminated, truncated])
-    deltas = rewards + gamma * (1.0 - terminated.astype(jnp.float32)) * next_values - values
-    continues = 1.0 - (terminated | truncated).astype(jnp.float32)
+    not_terminated = 1.0 - terminated.astype(jnp.float32)
+    episode_continues = 1.0 - jnp.logical_or(terminated, truncated).astype(jnp.float32)
+    deltas = rewards + gamma * not_terminated * next_values - values
 
     def backward(next_advantage, step):
-        delta, cont = step
-        advantage = delta + gamma * gae_lambda * cont * next_advantage
+        delta, continues = step
+        advantage = delta + gamma * gae_lambda * continues * next_advantage
         return advantage, advantage
 
-    _, advantages = jax.lax.scan(backward, jnp.zeros_like(deltas[0]), (deltas, continues), reverse=True)
+    _, advantages = jax.lax.scan(
+        backward, jnp.zeros_like(deltas[0]), (deltas, episode_continues), reverse=True, unroll=16
+    )
     return advantages, advantages + values
 
 
-def ppo_surrogate(new_log_prob, old_log_prob, advantage, clip_coef):
-    """Clipped surrogate loss -E[min(r A, clip(r, 1-eps, 1+eps) A)] and the ratio r."""
+def clipped_surrogate(
+    new_log_prob: jax.Array, old_log_prob: jax.Array, advantage: jax.Array, clip_coef: float | jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7) as a loss per sample,
+
+        -min(r A, clip(r, 1 - eps, 1 + eps) A),  r = exp(new_log_prob - old_log_prob),
+
+    all inputs of one shape [...]. Returns (losses [...], ratios r [...])."""
     ratio = jnp.exp(new_log_prob - old_log_prob)
-    loss = -jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef) * advantage)
-    return loss, ratio
+    clipped_ratio = jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef)
+    return -jnp.minimum(ratio * advantage, clipped_ratio * advantage), ratio
+
+
+def explained_variance(prediction: jax.Array, target: jax.Array) -> jax.Array:
+    """1 - Var[target - prediction] / Var[target] (1 is perfect, <= 0 is useless)."""
+    return 1.0 - jnp.var(target - prediction) / (jnp.var(target) + 1e-8)
 
 
 def cross_entropy(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
@@ -557,40 +619,12 @@ def env_options(env_id: str, max_episode_steps: int = 0) -> dict:
     return options
 
 
-# --------------------------------------------------------------------------- #
-# Training
-# --------------------------------------------------------------------------- #
-class UniZeroPPO(NamedTuple):
-    init: Any  # key -> RunnerState
-    update: Any  # RunnerState -> (RunnerState, metrics)
-    train: Any  # key -> (RunnerState, metrics [num_updates])
-    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes] (pure policy, argmax)
-    evaluate_search: Any  # (RunnerState, key) -> returns [eval_episodes] (Gumbel MuZero search)
-    collect: Any  # RunnerState -> (RunnerState, Transition [T, N])
-    make_windows: Any  # Transition [T, N] (+ advantages, returns) -> training windows
-    loss: Any  # (params, target_encoder, windows, key) -> (loss, metrics)
-    graphdef: Any
-    spec: envs.EnvSpec
-
-
-class Batch(NamedTuple):
-    """Training windows: leaves [W, K, ...]."""
-
-    window: Window
-    log_prob: jax.Array  # [W, K]
-    advantage: jax.Array
-    target_return: jax.Array
-    reward: jax.Array
-    final_obs: jax.Array  # [W, K, *obs_shape]: latent targets
-    value: jax.Array
-
-
 def minibatch_indices(args: Args, key: jax.Array) -> jax.Array:
     """Which of a phase's `num_windows` windows each gradient step trains on:
     [gradient_steps, windows per step]. With `update_epochs` > 0, each epoch is
     a fresh permutation cut into `num_minibatches` equal minibatches (every
     window at most once per epoch; the remainder of an uneven split sits out
-    that epoch); otherwise `batch_size` draws with replacement per step (the seed)."""
+    that epoch); otherwise `batch_size` draws with replacement per step (the seed's schedule)."""
     if args.update_epochs > 0:
         size = args.num_windows // args.num_minibatches
         permutations = jax.vmap(lambda k: jax.random.permutation(k, args.num_windows))(
@@ -598,6 +632,323 @@ def minibatch_indices(args: Args, key: jax.Array) -> jax.Array:
         )
         return permutations[:, : size * args.num_minibatches].reshape(args.gradient_steps, size)
     return jax.random.randint(key, (args.gradient_steps, args.batch_size), 0, args.num_windows)
+
+
+def make_optimizer(args: Args) -> optax.GradientTransformation:
+    """AdamW (betas 0.9 / 0.95) with weight decay on matrices only (LightZero's
+    configure_optimizers) after a global-norm clip (0: none). The learning rate
+    is an injected hyperparameter, set before each step by `learning_rate_at`."""
+    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+
+    def adamw(learning_rate):
+        optimizer = optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask)
+        if args.max_grad_norm > 0:  # 0 turns clipping off
+            optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
+        return optimizer
+
+    return optax.inject_hyperparams(adamw)(learning_rate=args.learning_rate)
+
+
+def learning_rate_at(args: Args, hparams: Hyperparams, step: jax.Array) -> jax.Array:
+    """The learning rate of optimizer step `step` []: constant, or with --anneal-lr
+    a linear decay to 0 over the run's optimizer steps (as CleanRL's and PureJaxRL's PPO)."""
+    if not args.anneal_lr:
+        return hparams.learning_rate
+    return optax.linear_schedule(hparams.learning_rate, 0.0, args.num_updates * args.gradient_steps)(step)
+
+
+# ---- Acting: the chunked context of collection and evaluation --------------------------
+def empty_context(n: int, num_unroll_steps: int, obs_shape: tuple[int, ...]) -> Context:
+    """No step of any of `n` envs' chunks yet: leaves [n, K, ...]."""
+    return Context(
+        obs=jnp.zeros((n, num_unroll_steps) + obs_shape),
+        action=jnp.zeros((n, num_unroll_steps), jnp.int32),
+        timestep=jnp.zeros((n, num_unroll_steps), jnp.int32),
+        valid=jnp.zeros((n, num_unroll_steps), bool),
+    )
+
+
+def context_window(context: Context, slot: jax.Array) -> Window:
+    """The chunk so far as a one-segment window [n, K]: latents up to `slot`,
+    actions before it."""
+    num_unroll_steps = context.action.shape[1]
+    return Window(
+        context.obs,
+        context.action,
+        context.timestep,
+        jnp.zeros_like(context.timestep),
+        context.valid,
+        context.valid & (jnp.arange(num_unroll_steps) < slot),
+    )
+
+
+def policy_at(model: WorldModel, context: Context, slot: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Policy logits [n, A] and value [n] at chunk slot `slot`, from the
+    tokens of this chunk so far (latents up to the slot, actions before it)."""
+    logits, value_logits, _, _ = forward_window(model, context_window(context, slot))
+    return logits[:, slot], logits_to_scalar(value_logits[:, slot])
+
+
+def place(context: Context, slot: jax.Array, obs: jax.Array, timestep: jax.Array) -> Context:
+    """Write observations obs [n, *obs_shape] at env timesteps [n] into slot
+    `slot` of every env's chunk."""
+    num_unroll_steps, obs_dims = context.action.shape[1], context.obs.ndim - 2
+    at = jnp.arange(num_unroll_steps) == slot
+    return context.replace(
+        obs=jnp.where(at.reshape((1, num_unroll_steps) + (1,) * obs_dims), obs[:, None], context.obs),
+        timestep=jnp.where(at[None], timestep[:, None], context.timestep),
+        valid=context.valid | at[None],
+    )
+
+
+def place_action(context: Context, slot: jax.Array, action: jax.Array) -> Context:
+    """Write actions [n] into slot `slot` of every env's chunk."""
+    at = jnp.arange(context.action.shape[1]) == slot
+    return context.replace(action=jnp.where(at[None], action[:, None], context.action))
+
+
+def collect_step(args: Args, env, env_params, graphdef: nnx.GraphDef, carry: tuple[RunnerState, nnx.State], step_index):
+    """One env step of all N envs with the pure policy (no search), sampled at
+    the sampling temperature. carry = (state, params); returns it and a
+    Transition with leaves [N, ...]."""
+    state, params = carry
+    model = nnx.merge(graphdef, params)
+    num_envs, num_unroll_steps = state.context.action.shape
+    obs_shape = state.obs.shape[1:]
+    slot = step_index % num_unroll_steps
+    key, action_key, step_key = jax.random.split(state.key, 3)
+    context = place(state.context, slot, state.obs, state.timestep)
+    logits, value = policy_at(model, context, slot)
+    log_probs = tempered_log_probs(logits, args.sampling_temperature)
+    action = jax.random.categorical(action_key, log_probs)
+    next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, state.env_state, action, env_params)
+    context = place_action(context, slot, action)
+
+    # V of the true next state under the policy's own context rule: the same
+    # chunk if it goes on, a fresh chunk if this step ended it.
+    next_slot = (slot + 1) % num_unroll_steps
+    fresh_chunk = empty_context(num_envs, num_unroll_steps, obs_shape)
+    base = jax.tree.map(lambda c, e: jnp.where(next_slot == 0, e, c), context, fresh_chunk)
+    _, next_value = policy_at(model, place(base, next_slot, info["final_observation"], state.timestep + 1), next_slot)
+
+    done = terminated | truncated
+    fresh = done[:, None] | (next_slot == 0)
+    transition = Transition(
+        obs=state.obs,
+        action=action,
+        log_prob=jnp.take_along_axis(log_probs, action[:, None], 1)[:, 0],
+        value=value,
+        next_value=next_value,
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
+        final_obs=info["final_observation"],
+        timestep=state.timestep,
+        episode_done=info["episode_done"],
+        episode_return=info["episode_return"],
+        episode_length=info["episode_length"],
+    )
+    state = state.replace(
+        env_state=env_state,
+        obs=next_obs,
+        timestep=jnp.where(done, 0, state.timestep + 1),
+        context=context.replace(valid=context.valid & ~fresh),
+        key=key,
+    )
+    return (state, params), transition
+
+
+def make_windows(traj: Transition, advantages: jax.Array, returns: jax.Array, num_unroll_steps: int) -> Batch:
+    """Cut the rollout [T, N] into its aligned chunks: [N * T / K, K] windows.
+    A window's segments are the episodes within it (a step with timestep 0
+    starts a new one), exactly the contexts the policy acted with."""
+    T, N = traj.reward.shape
+    to_windows = lambda x: jnp.swapaxes(x, 0, 1).reshape((N * T // num_unroll_steps, num_unroll_steps) + x.shape[2:])
+    starts = to_windows(traj.timestep == 0)
+    segment = jnp.cumsum(starts.astype(jnp.int32), axis=1)
+    ones = jnp.ones(starts.shape, bool)
+    window = Window(to_windows(traj.obs), to_windows(traj.action), to_windows(traj.timestep), segment, ones, ones)
+    return Batch(
+        window,
+        to_windows(traj.log_prob),
+        to_windows(advantages),
+        to_windows(returns),
+        to_windows(traj.reward),
+        to_windows(traj.final_obs),
+        to_windows(traj.value),
+    )
+
+
+# ---- Learning: the loss and one gradient step ------------------------------------------
+def unizero_ppo_loss(
+    args: Args,
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    target_encoder: nnx.State,
+    batch: Batch,
+    key: jax.Array,
+    hparams: Hyperparams,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The world-model losses and the PPO terms on windows [B, K]:
+
+        loss = latent_coef MSE(next latent, EMA-encoded final obs) + reward_coef CE(reward)
+               + policy_coef clipped surrogate + value_coef CE(two-hot h(return)) - ent_coef H.
+
+    Returns (loss [], metrics: dict of [] arrays)."""
+    world = nnx.merge(graphdef, params)
+    logits, value_logits, next_latents, reward_logits = forward_window(
+        world, batch.window, key if args.dropout > 0 else None, heads_only=args.ppo_heads_only
+    )
+    target_latents = jax.lax.stop_gradient(nnx.merge(nnx.graphdef(world.encoder), target_encoder)(batch.final_obs))
+    latent_loss = jnp.mean(jnp.square(next_latents - target_latents))
+    reward_loss = jnp.mean(cross_entropy(reward_logits, scalar_to_probs(batch.reward, args.support_size)))
+    value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(batch.target_return, args.support_size)))
+    log_probs = tempered_log_probs(logits, args.sampling_temperature)
+    new_log_prob = jnp.take_along_axis(log_probs, batch.window.action[..., None], -1)[..., 0]
+    surrogate, ratio = clipped_surrogate(new_log_prob, batch.log_prob, batch.advantage, hparams.clip_coef)
+    policy_loss = surrogate.mean()
+    entropy = -jnp.mean(jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1))
+    total = (
+        hparams.latent_coef * latent_loss
+        + hparams.reward_coef * reward_loss
+        + hparams.policy_coef * policy_loss
+        + hparams.value_coef * value_loss
+        - hparams.ent_coef * entropy
+    )
+    log_ratio = new_log_prob - batch.log_prob
+    return total, {
+        "loss": total,
+        "latent_loss": latent_loss,
+        "reward_loss": reward_loss,
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "ratio_mean": ratio.mean(),
+        "ratio_max": ratio.max(),
+        "ratio_max_deviation": jnp.abs(ratio - 1.0).max(),
+        "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
+        "clip_fraction": jnp.mean(jnp.abs(ratio - 1.0) > hparams.clip_coef),
+    }
+
+
+def gradient_step(args: Args, graphdef: nnx.GraphDef, optimizer, batch: Batch, hparams: Hyperparams, carry, inputs):
+    """One AdamW step on the windows `indices` [B] of the phase's `batch`, then
+    the target encoder's EMA. carry = (params, target_encoder, opt_state,
+    stopped); once `stopped` (a batch's approximate KL passed target_kl) the
+    carry stays as it is. Returns (carry, (metrics of [] arrays, step ran []))."""
+    params, target_encoder, opt_state, stopped = carry
+    indices, dropout_key = inputs
+    minibatch = jax.tree.map(lambda x: x[indices], batch)
+    loss = lambda p: unizero_ppo_loss(args, graphdef, p, target_encoder, minibatch, dropout_key, hparams)
+    grads, stats = jax.grad(loss, has_aux=True)(params)
+    learning_rate = learning_rate_at(args, hparams, opt_state.count)
+    opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": learning_rate})
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    new_target = jax.tree.map(
+        lambda t, p: (1 - args.target_update_rate) * t + args.target_update_rate * p,
+        target_encoder,
+        new_params["encoder"],
+    )
+    keep = ~stopped
+    params, opt_state, target_encoder = jax.tree.map(
+        lambda n, o: jnp.where(keep, n, o),
+        (new_params, new_opt_state, new_target),
+        (params, opt_state, target_encoder),
+    )
+    if args.target_kl > 0:
+        stopped = stopped | (stats["approx_kl"] > args.target_kl)
+    return (params, target_encoder, opt_state, stopped), (stats, keep)
+
+
+# ---- Evaluation: greedy play, optionally with search ----------------------------------
+def play(eval_env, env_params, max_steps: int, context: Context, key: jax.Array, choose) -> jax.Array:
+    """One episode in each of the E eval envs, acting with the chunked context
+    of collection (`context`: an empty one [E, K]); `choose(context, slot, key)
+    -> actions [E]`. Stops when all finished or after `max_steps` steps;
+    returns the undiscounted returns [E]."""
+    num_episodes, num_unroll_steps = context.action.shape
+    reset_key, key = jax.random.split(key)
+    obs, env_state = eval_env.reset(reset_key, env_params)
+
+    def body(carry):
+        obs, env_state, timestep, context, step_index, key, finished, returns = carry
+        key, step_key, choose_key = jax.random.split(key, 3)
+        slot = step_index % num_unroll_steps
+        context = place(context, slot, obs, timestep)
+        action = choose(context, slot, choose_key)
+        context = place_action(context, slot, action)
+        obs, env_state, _, terminated, truncated, info = eval_env.step(step_key, env_state, action, env_params)
+        done = terminated | truncated
+        fresh = done[:, None] | ((slot + 1) % num_unroll_steps == 0)
+        context = context.replace(valid=context.valid & ~fresh)
+        newly = info["episode_done"] & ~finished
+        returns = jnp.where(newly, info["episode_return"], returns)
+        return (
+            obs,
+            env_state,
+            jnp.where(done, 0, timestep + 1),
+            context,
+            step_index + 1,
+            key,
+            finished | newly,
+            returns,
+        )
+
+    def keep_going(carry):
+        return ~jnp.all(carry[6]) & (carry[4] < max_steps)
+
+    timestep, finished = jnp.zeros(num_episodes, jnp.int32), jnp.zeros(num_episodes, bool)
+    carry = (obs, env_state, timestep, context, 0, key, finished, jnp.zeros(num_episodes))
+    return jax.lax.while_loop(keep_going, body, carry)[7]
+
+
+def search_root(model: WorldModel, context: Context, slot: jax.Array) -> mctx.RootFnOutput:
+    """The real chunk so far as the root's token window [n, 2K] (left-padded)."""
+    window = context_window(context, slot)
+    tokens, positions, _ = window_tokens(model, window)
+    width = tokens.shape[1]  # 2K: the longest context training shows
+    valid = jnp.stack([window.obs_valid, window.action_valid], 2).reshape(tokens.shape[0], width)
+    # Move the tokens up to and including the current latent (index 2 slot) to the end.
+    shift = width - 1 - 2 * slot
+    roll = lambda x: jnp.roll(x, shift, axis=1)
+    keep = jnp.arange(width) >= shift
+    node = SearchNode(roll(tokens), roll(positions), roll(valid) & keep[None])
+    hidden = last_hidden(model, node)
+    return mctx.RootFnOutput(
+        prior_logits=model.policy_head(hidden), value=logits_to_scalar(model.value_head(hidden)), embedding=node
+    )
+
+
+def search_recurrent_fn(graphdef: nnx.GraphDef, discount: float):
+    """mctx dynamics: one imagined step from every node of the batch."""
+
+    def recurrent_fn(params, _key, action, node: SearchNode):
+        node, reward, _, prior_logits, value = imagine_step(nnx.merge(graphdef, params), node, action)
+        output = mctx.RecurrentFnOutput(
+            reward=reward, discount=jnp.full(action.shape, discount), prior_logits=prior_logits, value=value
+        )
+        return output, node
+
+    return recurrent_fn
+
+
+# --------------------------------------------------------------------------- #
+# Training
+# --------------------------------------------------------------------------- #
+class UniZeroPPO(NamedTuple):
+    """What `make_train` returns: pure functions closed over the static config."""
+
+    init: Any  # (key, hparams=None) -> RunnerState
+    update: Any  # RunnerState -> (RunnerState, metrics: dict of [] arrays)
+    train: Any  # (key, hparams=None) -> (RunnerState, metrics: dict of [num_updates] arrays)
+    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes] (pure policy, argmax)
+    evaluate_search: Any  # (RunnerState, key) -> returns [eval_episodes] (Gumbel MuZero search)
+    collect: Any  # RunnerState -> (RunnerState, Transition [T, N])
+    make_windows: Any  # (Transition [T, N], advantages [T, N], returns [T, N]) -> Batch [N T / K, K]
+    loss: Any  # (params, target_encoder, Batch, key, hparams=None) -> (loss [], metrics)
+    graphdef: Any
+    spec: envs.EnvSpec
 
 
 def make_train(args: Args) -> UniZeroPPO:
@@ -609,30 +960,10 @@ def make_train(args: Args) -> UniZeroPPO:
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, **env_kwargs)
     K, N, T = args.num_unroll_steps, args.num_envs, args.num_steps
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(0))))
+    optimizer = make_optimizer(args)
 
-    def model(params) -> WorldModel:
-        return nnx.merge(graphdef, params)
-
-    # AdamW with weight decay on matrices only (LightZero's configure_optimizers).
-    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
-    # --anneal-lr: linear decay to 0 over the run's optimizer steps, as CleanRL's and PureJaxRL's PPO.
-    total_steps = args.num_updates * args.gradient_steps
-    learning_rate = (
-        optax.linear_schedule(args.learning_rate, 0.0, total_steps) if args.anneal_lr else args.learning_rate
-    )
-    optimizer = optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=args.weight_decay, mask=decay_mask)
-    if args.max_grad_norm > 0:  # 0 turns clipping off
-        optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
-
-    def empty_context(n):
-        return Context(
-            obs=jnp.zeros((n, K) + spec.obs_shape),
-            action=jnp.zeros((n, K), jnp.int32),
-            timestep=jnp.zeros((n, K), jnp.int32),
-            valid=jnp.zeros((n, K), bool),
-        )
-
-    def init(key: jax.Array) -> RunnerState:
+    def init(key: jax.Array, hparams: Hyperparams | None = None) -> RunnerState:
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
         key, model_key, env_key = jax.random.split(key, 3)
         params = nnx.split(WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(model_key)))[1]
         obs, env_state = env.reset(env_key, env_params)
@@ -643,191 +974,51 @@ def make_train(args: Args) -> UniZeroPPO:
             env_state=env_state,
             obs=obs,
             timestep=jnp.zeros(N, jnp.int32),
-            context=empty_context(N),
+            context=empty_context(N, K, spec.obs_shape),
             key=key,
             update_step=jnp.int32(0),
+            hparams=hparams,
         )
 
-    def policy_at(params, context: Context, slot: jax.Array):
-        """Policy logits [n, A] and value [n] at chunk slot `slot`, from the
-        tokens of this chunk so far (latents up to the slot, actions before it)."""
-        window = Window(
-            context.obs,
-            context.action,
-            context.timestep,
-            jnp.zeros_like(context.timestep),
-            context.valid,
-            context.valid & (jnp.arange(K) < slot),
-        )
-        logits, value_logits, _, _ = forward_window(model(params), window)
-        return logits[:, slot], logits_to_scalar(value_logits[:, slot])
-
-    def place(context: Context, slot, obs, timestep) -> Context:
-        """Write an observation into slot `slot` of every env's chunk."""
-        at = jnp.arange(K) == slot
-        return context.replace(
-            obs=jnp.where(at.reshape((1, K) + (1,) * len(spec.obs_shape)), obs[:, None], context.obs),
-            timestep=jnp.where(at[None], timestep[:, None], context.timestep),
-            valid=context.valid | at[None],
-        )
-
-    def collect_step(carry, step_index):
-        """One env step with the pure policy (no search)."""
-        state, params = carry
-        slot = step_index % K
-        key, action_key, step_key = jax.random.split(state.key, 3)
-        context = place(state.context, slot, state.obs, state.timestep)
-        logits, value = policy_at(params, context, slot)
-        log_probs = tempered_log_probs(logits, args.sampling_temperature)
-        action = jax.random.categorical(action_key, log_probs)
-        next_obs, env_state, reward, terminated, truncated, info = env.step(
-            step_key, state.env_state, action, env_params
-        )
-        context = context.replace(action=jnp.where((jnp.arange(K) == slot)[None], action[:, None], context.action))
-
-        # V of the true next state under the policy's own context rule: the same
-        # chunk if it goes on, a fresh chunk if this step ended it.
-        next_slot = (slot + 1) % K
-        base = jax.tree.map(lambda c, e: jnp.where(next_slot == 0, e, c), context, empty_context(N))
-        _, next_value = policy_at(
-            params, place(base, next_slot, info["final_observation"], state.timestep + 1), next_slot
-        )
-
-        done = terminated | truncated
-        fresh = done[:, None] | (next_slot == 0)
-        next_context = context.replace(valid=context.valid & ~fresh)
-        transition = Transition(
-            obs=state.obs,
-            action=action,
-            log_prob=jnp.take_along_axis(log_probs, action[:, None], 1)[:, 0],
-            value=value,
-            next_value=next_value,
-            reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=info["final_observation"],
-            timestep=state.timestep,
-            episode_done=info["episode_done"],
-            episode_return=info["episode_return"],
-            episode_length=info["episode_length"],
-        )
-        state = state.replace(
-            env_state=env_state,
-            obs=next_obs,
-            timestep=jnp.where(done, 0, state.timestep + 1),
-            context=next_context,
-            key=key,
-        )
-        return (state, params), transition
-
-    def collect(state: RunnerState):
+    def collect(state: RunnerState) -> tuple[RunnerState, Transition]:
         """num_steps steps of num_envs envs -> Transition [T, N]; the rollout
         starts on a chunk boundary (num_steps is a multiple of K)."""
-        (state, _), traj = jax.lax.scan(collect_step, (state, state.params), jnp.arange(T))
+        step = functools.partial(collect_step, args, env, env_params, graphdef)
+        (state, _), traj = jax.lax.scan(step, (state, state.params), jnp.arange(T))
         return state, traj
 
-    def make_windows(traj: Transition, advantages, returns) -> Batch:
-        """Cut the rollout [T, N] into its aligned chunks: [N * T / K, K] windows.
-        A window's segments are the episodes within it (a step with timestep 0
-        starts a new one), exactly the contexts the policy acted with."""
-        to_windows = lambda x: jnp.swapaxes(x, 0, 1).reshape((N * T // K, K) + x.shape[2:])
-        starts = to_windows(traj.timestep == 0)
-        segment = jnp.cumsum(starts.astype(jnp.int32), axis=1)
-        ones = jnp.ones(starts.shape, bool)
-        window = Window(to_windows(traj.obs), to_windows(traj.action), to_windows(traj.timestep), segment, ones, ones)
-        return Batch(
-            window,
-            to_windows(traj.log_prob),
-            to_windows(advantages),
-            to_windows(returns),
-            to_windows(traj.reward),
-            to_windows(traj.final_obs),
-            to_windows(traj.value),
-        )
+    def windows(traj: Transition, advantages: jax.Array, returns: jax.Array) -> Batch:
+        return make_windows(traj, advantages, returns, K)
 
-    def loss_fn(params, target_encoder, batch: Batch, key):
-        """The world-model losses and the PPO terms on windows [B, K]."""
-        world = model(params)
-        logits, value_logits, next_latents, reward_logits = forward_window(
-            world, batch.window, key if args.dropout > 0 else None, heads_only=args.ppo_heads_only
-        )
-        target_latents = jax.lax.stop_gradient(nnx.merge(nnx.graphdef(world.encoder), target_encoder)(batch.final_obs))
-        latent_loss = jnp.mean(jnp.square(next_latents - target_latents))
-        reward_loss = jnp.mean(cross_entropy(reward_logits, scalar_to_probs(batch.reward, args.support_size)))
-        value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(batch.target_return, args.support_size)))
-        log_probs = tempered_log_probs(logits, args.sampling_temperature)
-        new_log_prob = jnp.take_along_axis(log_probs, batch.window.action[..., None], -1)[..., 0]
-        surrogate, ratio = ppo_surrogate(new_log_prob, batch.log_prob, batch.advantage, args.clip_coef)
-        policy_loss = surrogate.mean()
-        entropy = -jnp.mean(jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1))
-        total = (
-            args.latent_coef * latent_loss
-            + args.reward_coef * reward_loss
-            + args.policy_coef * policy_loss
-            + args.value_coef * value_loss
-            - args.ent_coef * entropy
-        )
-        log_ratio = new_log_prob - batch.log_prob
-        return total, {
-            "loss": total,
-            "latent_loss": latent_loss,
-            "reward_loss": reward_loss,
-            "policy_loss": policy_loss,
-            "value_loss": value_loss,
-            "entropy": entropy,
-            "ratio_mean": ratio.mean(),
-            "ratio_max": ratio.max(),
-            "ratio_max_deviation": jnp.abs(ratio - 1.0).max(),
-            "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
-            "clip_fraction": jnp.mean(jnp.abs(ratio - 1.0) > args.clip_coef),
-        }
+    def loss(params, target_encoder, batch: Batch, key, hparams: Hyperparams | None = None):
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
+        return unizero_ppo_loss(args, graphdef, params, target_encoder, batch, key, hparams)
 
-    def update(state: RunnerState):
-        """One phase: collect num_steps x num_envs steps, GAE, then
-        replay_ratio x new-transitions gradient steps on windows drawn from this
-        phase's data only (then it is discarded: the buffer is cleared)."""
+    def update(state: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
+        """One phase: collect num_steps x num_envs steps, GAE over the rollout,
+        then `gradient_steps` steps on windows of this phase's data only (PPO's
+        epochs x minibatches, or the seed's draws with replacement), stopped early
+        past target_kl; the data is then discarded."""
+        hp = state.hparams
         state, traj = collect(state)
         advantages, returns = compute_gae(
-            traj.reward, traj.value, traj.next_value, traj.terminated, traj.truncated, args.gamma, args.gae_lambda
+            traj.reward, traj.value, traj.next_value, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda
         )
         # return = advantage + value is fixed before any normalisation; the surrogate then sees
         # advantages normalised over the whole rollout (not per minibatch) when --norm-adv-rollout is on.
         policy_advantages = (
             (advantages - advantages.mean()) / (advantages.std() + 1e-8) if args.norm_adv_rollout else advantages
         )
-        batch = make_windows(traj, policy_advantages, returns)
+        batch = windows(traj, policy_advantages, returns)
         key, update_key, index_key = jax.random.split(state.key, 3)
-        indices = minibatch_indices(args, index_key)
-
-        def gradient_step(carry, inputs):
-            params, target_encoder, opt_state, stopped = carry
-            indices, dropout_key = inputs
-            minibatch = jax.tree.map(lambda x: x[indices], batch)
-            grads, stats = jax.grad(loss_fn, has_aux=True)(params, target_encoder, minibatch, dropout_key)
-            updates, new_opt_state = optimizer.update(grads, opt_state, params)
-            new_params = optax.apply_updates(params, updates)
-            new_target = jax.tree.map(
-                lambda t, p: (1 - args.target_update_rate) * t + args.target_update_rate * p,
-                target_encoder,
-                new_params["encoder"],
-            )
-            keep = ~stopped
-            params, opt_state, target_encoder = jax.tree.map(
-                lambda n, o: jnp.where(keep, n, o),
-                (new_params, new_opt_state, new_target),
-                (params, opt_state, target_encoder),
-            )
-            if args.target_kl > 0:
-                stopped = stopped | (stats["approx_kl"] > args.target_kl)
-            return (params, target_encoder, opt_state, stopped), (stats, keep)
-
+        step = functools.partial(gradient_step, args, graphdef, optimizer, batch, hp)
         (params, target_encoder, opt_state, _), (stats, executed) = jax.lax.scan(
-            gradient_step,
+            step,
             (state.params, state.target_encoder, state.opt_state, jnp.bool_(False)),
-            (indices, jax.random.split(update_key, args.gradient_steps)),
+            (minibatch_indices(args, index_key), jax.random.split(update_key, args.gradient_steps)),
         )
         weights = executed.astype(jnp.float32)
-        # On the phase's first batch the policy is the one that collected: |ratio - 1| ~ 0 (seed bug 4).
+        # On the phase's first batch the policy is the one that collected: |ratio - 1| ~ 0 (docs: bug 4).
         first_deviation = stats.pop("ratio_max_deviation")[0]
         stats = jax.tree.map(lambda x: jnp.sum(x * weights) / weights.sum(), stats)
         state = state.replace(
@@ -837,12 +1028,9 @@ def make_train(args: Args) -> UniZeroPPO:
             key=key,
             update_step=state.update_step + 1,
         )
-        done = traj.episode_done
-        values, explained = batch.value.reshape(-1), batch.target_return.reshape(-1)
+        episodes = {"episode_done": traj.episode_done, "episode_return": traj.episode_return}
         metrics = {
-            **envs.episode_metrics(
-                {"episode_done": done, "episode_return": traj.episode_return, "episode_length": traj.episode_length}
-            ),
+            **envs.episode_metrics({**episodes, "episode_length": traj.episode_length}),
             **stats,
             "first_ratio_max_deviation": first_deviation,
             "gradient_steps_run": weights.sum(),
@@ -850,101 +1038,42 @@ def make_train(args: Args) -> UniZeroPPO:
             "advantage_std": advantages.std(),
             "return_mean": returns.mean(),
             "return_std": returns.std(),
-            "explained_variance": 1.0 - jnp.var(explained - values) / (jnp.var(explained) + 1e-8),
+            "explained_variance": explained_variance(batch.value.reshape(-1), batch.target_return.reshape(-1)),
         }
         return state, metrics
 
-    def train(key: jax.Array):
-        return jax.lax.scan(lambda s, _: update(s), init(key), None, args.num_updates)
+    def train(key: jax.Array, hparams: Hyperparams | None = None):
+        """The whole run as one `lax.scan` over phases: jit it, vmap it over
+        seeds (keys) and hyperparameters."""
+        return jax.lax.scan(lambda s, _: update(s), init(key, hparams), None, args.num_updates)
 
-    def play(state: RunnerState, key: jax.Array, choose) -> jax.Array:
-        """One episode per eval env; `choose(context, slot, key) -> actions`
-        acts with the chunked context of collection."""
-        reset_key, key = jax.random.split(key)
-        obs, env_state = eval_env.reset(reset_key, env_params)
-        E = args.eval_episodes
-
-        def body(carry):
-            obs, env_state, timestep, context, step_index, key, finished, returns = carry
-            key, step_key, choose_key = jax.random.split(key, 3)
-            slot = step_index % K
-            context = place(context, slot, obs, timestep)
-            action = choose(context, slot, choose_key)
-            context = context.replace(action=jnp.where((jnp.arange(K) == slot)[None], action[:, None], context.action))
-            obs, env_state, _, terminated, truncated, info = eval_env.step(step_key, env_state, action, env_params)
-            done = terminated | truncated
-            fresh = done[:, None] | ((slot + 1) % K == 0)
-            context = context.replace(valid=context.valid & ~fresh)
-            newly = info["episode_done"] & ~finished
-            returns = jnp.where(newly, info["episode_return"], returns)
-            return (
-                obs,
-                env_state,
-                jnp.where(done, 0, timestep + 1),
-                context,
-                step_index + 1,
-                key,
-                finished | newly,
-                returns,
-            )
-
-        def keep_going(carry):
-            return ~jnp.all(carry[6]) & (carry[4] < spec.max_episode_steps + 1)
-
-        carry = (obs, env_state, jnp.zeros(E, jnp.int32), empty_context(E), 0, key, jnp.zeros(E, bool), jnp.zeros(E))
-        return jax.lax.while_loop(keep_going, body, carry)[7]
+    def play_episodes(key: jax.Array, choose) -> jax.Array:
+        """One episode in each eval env, each from an empty chunk: returns [eval_episodes]."""
+        empty = empty_context(args.eval_episodes, K, spec.obs_shape)
+        return play(eval_env, env_params, spec.max_episode_steps + 1, empty, key, choose)
 
     def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
         """Pure policy, argmax, no search (the seed's eval_with_pure_policy)."""
-        return play(state, key, lambda context, slot, _: jnp.argmax(policy_at(state.params, context, slot)[0], -1))
+        model = nnx.merge(graphdef, state.params)
+        greedy = lambda context, slot, _: jnp.argmax(policy_at(model, context, slot)[0], -1)
+        return play_episodes(key, greedy)
 
-    # ---- Optional evaluation with search (mctx) on the trained model ---------------------
-    W = 2 * K  # tokens of context the search carries (the longest context training shows)
-
-    def recurrent_fn(params, _key, action, node: SearchNode):
-        """mctx dynamics: one imagined step from every node of the batch."""
-        node, reward, _, prior_logits, value = imagine_step(model(params), node, action)
-        return mctx.RecurrentFnOutput(
-            reward=reward, discount=jnp.full(action.shape, args.search_discount), prior_logits=prior_logits, value=value
-        ), node
-
-    def root_from_context(params, context: Context, slot):
-        """The real chunk so far as the root's token window (left-padded to W)."""
-        world = model(params)
-        window = Window(
-            context.obs,
-            context.action,
-            context.timestep,
-            jnp.zeros_like(context.timestep),
-            context.valid,
-            context.valid & (jnp.arange(K) < slot),
-        )
-        tokens, positions, _ = window_tokens(world, window)
-        valid = jnp.stack([window.obs_valid, window.action_valid], 2).reshape(tokens.shape[0], W)
-        # Move the tokens up to and including the current latent (index 2 slot) to the end.
-        shift = W - 1 - 2 * slot
-        roll = lambda x: jnp.roll(x, shift, axis=1)
-        keep = jnp.arange(W) >= shift
-        node = SearchNode(roll(tokens), roll(positions), roll(valid) & keep[None])
-        hidden = last_hidden(world, node)
-        return mctx.RootFnOutput(
-            prior_logits=world.policy_head(hidden), value=logits_to_scalar(world.value_head(hidden)), embedding=node
-        )
+    recurrent_fn = search_recurrent_fn(graphdef, args.search_discount)
 
     def evaluate_search(state: RunnerState, key: jax.Array) -> jax.Array:
         """Gumbel MuZero search (mctx) with `eval_search` simulations, greedy
         (no Gumbel noise), on the same chunked contexts."""
 
         def choose(context, slot, key):
-            root = root_from_context(state.params, context, slot)
+            root = search_root(nnx.merge(graphdef, state.params), context, slot)
             out = mctx.gumbel_muzero_policy(
                 state.params, key, root, recurrent_fn, num_simulations=args.eval_search, gumbel_scale=0.0
             )
             return out.action
 
-        return play(state, key, choose)
+        return play_episodes(key, choose)
 
-    return UniZeroPPO(init, update, train, evaluate, evaluate_search, collect, make_windows, loss_fn, graphdef, spec)
+    return UniZeroPPO(init, update, train, evaluate, evaluate_search, collect, windows, loss, graphdef, spec)
 
 
 # --------------------------------------------------------------------------- #

@@ -174,6 +174,23 @@ def test_train_is_vmappable_over_seeds_and_hyperparameters(tmp_path):
     assert metrics["entropy"][1, :, -1].mean() > metrics["entropy"][0, :, -1].mean()
 
 
+def test_a_hyperparameter_sweep_reproduces_the_unswept_run(tmp_path):
+    """vmap of `train` over a 2-member sweep of the learning rate on the tiny
+    preset: the member at the args' value is the plain `train(key)`; a 20x
+    larger rate is a real effect (the policy leaves uniform sooner)."""
+    args = tiny(tmp_path)
+    algo = ppo.make_train(args)
+    base = ppo.Hyperparams.from_args(args)
+    rates = np.array([args.learning_rate, 20 * args.learning_rate], np.float32)
+    sweep = jax.tree.map(lambda x: np.stack([x, x]), base).replace(learning_rate=rates)
+    key = jax.random.key(0)
+    _, swept = jax.jit(jax.vmap(algo.train, in_axes=(None, 0)))(key, sweep)
+    _, plain = jax.jit(algo.train)(key)
+    for name in ("episode_return", "policy_loss", "value_loss", "entropy", "approx_kl"):
+        np.testing.assert_allclose(swept[name][0], plain[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    assert swept["entropy"][1, -1] < plain["entropy"][-1] - 0.05
+
+
 def test_cartpole_learns(tmp_path):
     """The `cartpole` preset (PureJaxRL's settings) solves CartPole-v1: the
     greedy policy of each of 2 seeds averages >= 475 after 500k steps. Run as

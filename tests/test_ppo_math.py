@@ -162,30 +162,42 @@ def test_explained_variance():
     assert explained_variance(jnp.full(10, target.mean()), target) == pytest.approx(0.0, abs=1e-6)
 
 
-def test_hand_written_distributions_match_distrax():
-    """Categorical and DiagGaussian are written out in algos/ppo.py (the formulas are
-    part of what the file teaches); distrax is the reference."""
+def test_policies_are_distrax_distributions_with_the_paper_formulas():
+    """ActorCritic's policies are distrax distributions; their samples are
+    jax.random.categorical's draws from the logits (the sampler of earlier
+    versions, so runs keep their actions), and log-probs and entropies are the
+    textbook formulas."""
     import distrax
+    from flax import nnx
 
-    from jaxzoo.algos.ppo import Categorical, DiagGaussian
+    from jaxzoo import envs
+    from jaxzoo.algos.ppo import ActorCritic
 
     keys = jax.random.split(jax.random.key(0), 4)
-    logits = jax.random.normal(keys[0], (5, 3)) * 2.0
-    actions = jax.random.randint(keys[1], (5,), 0, 3)
-    ours, ref = Categorical(logits), distrax.Categorical(logits=logits)
-    np.testing.assert_allclose(ours.log_prob(actions), ref.log_prob(actions), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(ours.entropy(), ref.entropy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(ours.mode(), ref.mode())
-    samples = jax.vmap(ours.sample)(jax.random.split(keys[2], 20000))  # [20000, 5]
-    frequencies = np.stack([(samples == a).mean(0) for a in range(3)], -1)
-    np.testing.assert_allclose(frequencies, jax.nn.softmax(logits), atol=0.02)
+    spec = envs.EnvSpec((4,), True, 3, None, None, 10)
+    model = ActorCritic(spec, "mlp", (8,), "tanh", False, nnx.Rngs(0))
+    obs = jax.random.normal(keys[0], (5, 4)) * 3.0
+    dist = model.act(obs)
+    assert isinstance(dist, distrax.Categorical)
+    logits = model.policy_head(model.actor_torso(obs))
+    np.testing.assert_array_equal(dist.sample(seed=keys[1]), jax.random.categorical(keys[1], logits))
+    actions = jax.random.randint(keys[2], (5,), 0, 3)
+    log_probs = jax.nn.log_softmax(logits)
+    np.testing.assert_allclose(dist.log_prob(actions), log_probs[jnp.arange(5), actions], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dist.entropy(), -(jnp.exp(log_probs) * log_probs).sum(-1), rtol=1e-5, atol=1e-6)
 
-    mean = jax.random.normal(keys[3], (5, 2))
-    log_std = jnp.array([-0.5, 0.3])
+    spec = envs.EnvSpec((4,), False, 2, None, None, 10)
+    model = ActorCritic(spec, "mlp", (8,), "tanh", False, nnx.Rngs(0))
+    model.log_std[...] = jnp.array([-0.5, 0.3])
+    dist = model.act(obs)
+    mean, std = model.policy_head(model.actor_torso(obs)), jnp.exp(model.log_std[...])
     actions = mean + 0.7
-    ours, ref = DiagGaussian(mean, log_std), distrax.MultivariateNormalDiag(mean, jnp.exp(log_std) * jnp.ones_like(mean))
-    np.testing.assert_allclose(ours.log_prob(actions), ref.log_prob(actions), rtol=1e-5)
-    np.testing.assert_allclose(ours.entropy(), ref.entropy(), rtol=1e-5)
-    samples = jax.vmap(ours.sample)(jax.random.split(keys[2], 20000))  # [20000, 5, 2]
+    z = (actions - mean) / std
+    np.testing.assert_allclose(dist.log_prob(actions), (-0.5 * z**2 - jnp.log(std) - 0.5 * jnp.log(2 * jnp.pi)).sum(-1),
+                               rtol=1e-5)
+    np.testing.assert_allclose(dist.entropy(), jnp.full(5, (jnp.log(std) + 0.5 * (1 + jnp.log(2 * jnp.pi))).sum()),
+                               rtol=1e-5)
+    np.testing.assert_array_equal(dist.mode(), mean)
+    samples = jax.vmap(lambda k: dist.sample(seed=k))(jax.random.split(keys[3], 20000))  # [20000, 5, 2]
     np.testing.assert_allclose(samples.mean(0), mean, atol=0.05)
-    np.testing.assert_allclose(samples.std(0), jnp.broadcast_to(jnp.exp(log_std), mean.shape), rtol=0.05)
+    np.testing.assert_allclose(samples.std(0), jnp.broadcast_to(std, mean.shape), rtol=0.05)

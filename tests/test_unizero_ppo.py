@@ -273,6 +273,23 @@ def test_killed_and_resumed_run_matches_uninterrupted(tiny_run, tmp_path, monkey
     assert_killed_run_resumes_exactly(uz, dataclasses.replace(args, run_root=str(tmp_path)), 4, 2, monkeypatch, full)
 
 
+def test_a_hyperparameter_sweep_reproduces_the_unswept_run():
+    """vmap of `train` over a 2-member sweep of the learning rate on the tiny
+    preset (one compile): the member at the args' value is the plain
+    `train(key)`; a 30x larger rate trains a measurably different model."""
+    args = tiny()
+    algo = uz.make_train(args)
+    base = uz.Hyperparams.from_args(args)
+    rates = np.array([args.learning_rate, 30 * args.learning_rate], np.float32)
+    sweep = jax.tree.map(lambda x: np.stack([x, x]), base).replace(learning_rate=rates)
+    key = jax.random.key(0)
+    _, swept = jax.jit(jax.vmap(algo.train, in_axes=(None, 0)))(key, sweep)
+    _, plain = jax.jit(algo.train)(key)
+    for name in ("episode_return", "latent_loss", "reward_loss", "value_loss", "policy_loss", "entropy"):
+        np.testing.assert_allclose(swept[name][0], plain[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert np.abs(swept["latent_loss"][1, -1] - plain["latent_loss"][-1]) > 1e-3
+
+
 def test_search_evaluation_runs_with_mctx(tmp_path):
     args = tiny(tmp_path, eval_search=4)
     algo = uz.make_train(args)
