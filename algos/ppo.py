@@ -34,7 +34,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import cli, envs, runner
+from jaxzoo import cli, envs, layers, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fields
 
 
@@ -193,7 +193,8 @@ class MinAtarCNN(nnx.Module):
     channels and no padding, then an MLP (the MinAtar network, Young & Tian 2019).
 
     The convolution is written as patches @ kernel: the 9 shifted [H-2, W-2, C]
-    views are concatenated to [H-2, W-2, 9C] and multiplied by a [9C, 16] kernel.
+    views are concatenated to [H-2, W-2, 9C] (`jaxzoo.layers.patches`, shared by
+    every file with this network) and multiplied by a [9C, 16] kernel.
     Same function as `lax.conv`, but XLA:CPU runs the kernel gradient of a real
     convolution about 15x slower inside a `lax.scan` (measured in docs/ppo.md),
     and the whole update is a scan.
@@ -206,11 +207,7 @@ class MinAtarCNN(nnx.Module):
         self.out_features = self.mlp.out_features
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        height, width = x.shape[-3] - 2, x.shape[-2] - 2
-        patches = jnp.concatenate(
-            [x[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], axis=-1
-        )
-        x = jax.nn.relu(self.conv(patches))  # [..., H-2, W-2, 16]
+        x = jax.nn.relu(self.conv(layers.patches(x, 3)))  # [..., H-2, W-2, 16]
         return self.mlp(x.reshape(x.shape[:-3] + (-1,)))
 
 

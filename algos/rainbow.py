@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import buffers, cli, envs, runner
+from jaxzoo import buffers, cli, envs, layers, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Positive, check_fields
 
 
@@ -265,9 +265,7 @@ class MinAtarConv(nnx.Module):
         self.kernel = nnx.Linear(9 * channels, 16, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        height, width = x.shape[-3] - 2, x.shape[-2] - 2
-        patches = jnp.concatenate([x[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], -1)
-        x = jax.nn.relu(self.kernel(patches))
+        x = jax.nn.relu(self.kernel(layers.patches(x, 3)))  # [..., H-2, W-2, 16]
         return x.reshape(x.shape[:-3] + (-1,))
 
 
@@ -303,8 +301,8 @@ class QNetwork(nnx.Module):
 
     def noise_scale(self) -> jax.Array:
         """[]: the noisy layers' mean noise_scale (NaN without noisy layers)."""
-        layers = [m for m in (*self.hidden, self.advantage, self.value) if isinstance(m, NoisyLinear)]
-        return jnp.mean(jnp.stack([m.noise_scale() for m in layers])) if layers else jnp.float32(jnp.nan)
+        noisy = [m for m in (*self.hidden, self.advantage, self.value) if isinstance(m, NoisyLinear)]
+        return jnp.mean(jnp.stack([m.noise_scale() for m in noisy])) if noisy else jnp.float32(jnp.nan)
 
     def __call__(self, obs: jax.Array, key: jax.Array | None = None) -> jax.Array:
         keys = [None] * (len(self.hidden) + 2) if key is None else list(jax.random.split(key, len(self.hidden) + 2))

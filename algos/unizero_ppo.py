@@ -52,7 +52,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import cli, envs, runner
+from jaxzoo import cli, envs, layers, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Positive, Range, check_fields
 
 
@@ -324,11 +324,7 @@ class Encoder(nnx.Module):
 
     def __call__(self, obs: jax.Array) -> jax.Array:
         if self.image:
-            height, width = obs.shape[-3] - 2, obs.shape[-2] - 2
-            patches = jnp.concatenate(
-                [obs[..., i : i + height, j : j + width, :] for i in range(3) for j in range(3)], -1
-            )
-            x = jax.nn.relu(self.conv(patches))
+            x = jax.nn.relu(self.conv(layers.patches(obs, 3)))  # [..., H-2, W-2, 16]
             x = x.reshape(x.shape[:-3] + (-1,))
         else:
             x = obs

@@ -1,13 +1,33 @@
-"""Neural-network layers shared by the pixel-based files (algos/planet.py,
-algos/world_models.py): stride-2 convolutions and their transposes written as
-patches @ kernel matmuls, because XLA:CPU computes the kernel gradient of a real
-convolution several times slower inside a `lax.scan`."""
+"""Convolutions written as patches @ kernel matmuls, shared by the files that
+see images: `patches` (the MinAtar 3x3 convolution of algos/ppo.py,
+rainbow.py, unizero.py and unizero_ppo.py), and the stride-2 convolutions and
+their transposes of algos/planet.py and algos/world_models.py. XLA:CPU computes
+the kernel gradient of a real convolution several times slower inside a
+`lax.scan` (docs/ppo.md, detail 13; docs/planet.md, detail 12); a matmul over
+patches is the same function without that cost. Each file keeps its own kernel
+(its own initialisation); only the patch extraction is shared."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+
+def patches(x: jax.Array, kernel_size: int, stride: int = 1) -> jax.Array:
+    """[..., H, W, C] -> [..., out_h, out_w, k*k*C] with out = (H - k) // stride + 1:
+    the k x k windows of an unpadded convolution, tap (i, j) of the window in
+    channels [(i*k + j)*C, (i*k + j + 1)*C). A convolution with a kernel
+    [k, k, C, C_out] is then `patches(x, k, stride) @ kernel.reshape(k*k*C, C_out)`."""
+    out_h, out_w = (x.shape[-3] - kernel_size) // stride + 1, (x.shape[-2] - kernel_size) // stride + 1
+    return jnp.concatenate(
+        [
+            x[..., i : i + stride * (out_h - 1) + 1 : stride, j : j + stride * (out_w - 1) + 1 : stride, :]
+            for i in range(kernel_size)
+            for j in range(kernel_size)
+        ],
+        axis=-1,
+    )
 
 
 class StridedConv(nnx.Module):
@@ -24,12 +44,7 @@ class StridedConv(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         k, _, c_in, c_out = self.kernel.shape
-        out_h, out_w = (x.shape[-3] - k) // 2 + 1, (x.shape[-2] - k) // 2 + 1
-        patches = jnp.concatenate(
-            [x[..., i : i + 2 * out_h - 1 : 2, j : j + 2 * out_w - 1 : 2, :] for i in range(k) for j in range(k)],
-            axis=-1,
-        )  # [..., out_h, out_w, k*k*C_in]
-        return patches @ self.kernel[...].reshape(k * k * c_in, c_out) + self.bias[...]
+        return patches(x, k, stride=2) @ self.kernel[...].reshape(k * k * c_in, c_out) + self.bias[...]
 
 
 class StridedConvTranspose(nnx.Module):
