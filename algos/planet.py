@@ -428,6 +428,8 @@ def rssm_observe_step(rssm: RSSM, latent: Latent, action, embedding, first, nois
     belief = rssm.transition(latent.belief * keep, latent.state * keep, action * keep)
     prior_mean, prior_std = rssm.prior(belief)
     posterior_mean, posterior_std = rssm.posterior(belief, embedding)
+    # The sample by hand, from noise passed in: tests fix it, the planner and
+    # the video prediction can zero it, and scans need no key per step.
     state = posterior_mean + posterior_std * noise
     return Latent(belief, state), RSSMOutputs(belief, state, prior_mean, prior_std, posterior_mean, posterior_std)
 
