@@ -509,8 +509,8 @@ def cem_plan(
     def iteration(carry, key):
         mean, std, _ = carry
         sample_key, score_key = jax.random.split(key)
-        actions = mean + std * jax.random.normal(sample_key, (candidates, horizon, action_dim))
-        actions = jnp.clip(actions, -1.0, 1.0)
+        proposal = distrax.Normal(mean, std)  # the sampling distribution: a diagonal Gaussian over [H, A]
+        actions = jnp.clip(proposal.sample(seed=sample_key, sample_shape=candidates), -1.0, 1.0)
         returns = returns_fn(actions, score_key)
         chex.assert_shape(returns, (candidates,))
         elite_returns, elite = jax.lax.top_k(returns, top_k)
