@@ -31,10 +31,11 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, NamedTuple
 
 import chex
+import distrax
 import jax
 import jax.numpy as jnp
 import optax
@@ -358,14 +359,31 @@ class Agent(struct.PyTreeNode):
     need_first: jax.Array  # [N] bool: the next slot records obs as a first frame instead of stepping
 
 
+class Hyperparams(struct.PyTreeNode):
+    """The float hyperparameters the jitted update reads. They live in the
+    runner state, so `train` can be vmapped over them (a sweep in one compile)."""
+
+    learning_rate: jax.Array  # [] Adam step size for the whole world model
+    free_nats: jax.Array  # [] KL(q || p) per step below this is not penalised (paper section 3)
+    overshooting_kl_beta: jax.Array  # [] weight of the latent-overshooting KL (paper eq. 7); the term
+    # is built only when Args.overshooting_kl_beta > 0, so a sweep over it starts from a positive value
+    exploration_noise: jax.Array  # [] std of the Gaussian noise on planned actions while collecting
+    reward_scale: jax.Array  # [] the reward model learns reward_scale x the reward
+
+    @classmethod
+    def from_args(cls, args: Args) -> Hyperparams:
+        return cls(*(jnp.float32(getattr(args, f.name)) for f in fields(cls)))
+
+
 class RunnerState(struct.PyTreeNode):
     params: nnx.State
-    opt_state: optax.OptState
+    opt_state: optax.OptState  # Adam's state; its hyperparams["learning_rate"] is set from hparams each update
     buffer: buffers.Buffer
     agent: Agent
     key: jax.Array
     model_updates: jax.Array  # []
     env_steps: jax.Array  # [] environment steps, seed episodes included
+    hparams: Hyperparams
 
 
 # --------------------------------------------------------------------------- #
@@ -385,19 +403,19 @@ def preprocess_obs(obs: jax.Array, bit_depth: int, key: jax.Array) -> jax.Array:
     return reduced + jax.random.uniform(key, obs.shape) / levels
 
 
-def gaussian_kl(mean_q, std_q, mean_p, std_p) -> jax.Array:
-    """KL(N(mean_q, std_q^2) || N(mean_p, std_p^2)) per dimension:
-    log(std_p / std_q) + (std_q^2 + (mean_q - mean_p)^2) / (2 std_p^2) - 1/2."""
-    return jnp.log(std_p / std_q) + (jnp.square(std_q) + jnp.square(mean_q - mean_p)) / (2.0 * jnp.square(std_p)) - 0.5
+def kl_with_free_nats(posterior_mean, posterior_std, prior_mean, prior_std, free_nats: float | jax.Array):
+    """Per-step KL(q || p) between the diagonal Gaussians q = N(posterior_mean,
+    posterior_std^2) and p = N(prior_mean, prior_std^2), summed over the state
+    dimensions [..., Z] -> [...], and the loss max(KL, free_nats) [...].
+    Returns (loss, kl).
 
-
-def kl_with_free_nats(posterior_mean, posterior_std, prior_mean, prior_std, free_nats: float):
-    """Per-step KL(q || p) summed over the state dimensions [..., Z] -> [...],
-    and the loss max(KL, free_nats) [...]: below `free_nats` the KL has no
-    gradient, so the model is not pushed to ignore the images early in training
-    (paper section 3, Kaixhin's kl_loss). Returns (loss, kl)."""
+    Free nats (paper section 3, Kaixhin's kl_loss) are written out by hand:
+    below `free_nats` the KL term is a constant with no gradient, so early in
+    training the model is not pushed to make the posterior ignore the images."""
     chex.assert_equal_shape([posterior_mean, posterior_std, prior_mean, prior_std])
-    kl = gaussian_kl(posterior_mean, posterior_std, prior_mean, prior_std).sum(-1)
+    posterior = distrax.Normal(posterior_mean, posterior_std)
+    prior = distrax.Normal(prior_mean, prior_std)
+    kl = posterior.kl_divergence(prior).sum(-1)
     return jnp.maximum(kl, free_nats), kl
 
 
@@ -410,6 +428,8 @@ def rssm_observe_step(rssm: RSSM, latent: Latent, action, embedding, first, nois
     belief = rssm.transition(latent.belief * keep, latent.state * keep, action * keep)
     prior_mean, prior_std = rssm.prior(belief)
     posterior_mean, posterior_std = rssm.posterior(belief, embedding)
+    # The sample by hand, from noise passed in: tests fix it, the planner and
+    # the video prediction can zero it, and scans need no key per step.
     state = posterior_mean + posterior_std * noise
     return Latent(belief, state), RSSMOutputs(belief, state, prior_mean, prior_std, posterior_mean, posterior_std)
 
@@ -489,8 +509,8 @@ def cem_plan(
     def iteration(carry, key):
         mean, std, _ = carry
         sample_key, score_key = jax.random.split(key)
-        actions = mean + std * jax.random.normal(sample_key, (candidates, horizon, action_dim))
-        actions = jnp.clip(actions, -1.0, 1.0)
+        proposal = distrax.Normal(mean, std)  # the sampling distribution: a diagonal Gaussian over [H, A]
+        actions = jnp.clip(proposal.sample(seed=sample_key, sample_shape=candidates), -1.0, 1.0)
         returns = returns_fn(actions, score_key)
         chex.assert_shape(returns, (candidates,))
         elite_returns, elite = jax.lax.top_k(returns, top_k)
@@ -502,7 +522,7 @@ def cem_plan(
 
 
 def overshooting_kl(
-    rssm: RSSM, outputs: RSSMOutputs, actions, firsts, distance: int, free_nats: float, key: jax.Array
+    rssm: RSSM, outputs: RSSMOutputs, actions, firsts, distance: int, free_nats: float | jax.Array, key: jax.Array
 ) -> jax.Array:
     """Latent overshooting (paper section 4, eq. 7), the KL terms only: from
     every filtered latent (h_t, s_t) of outputs [T, B, ...] predict d = 1..distance
@@ -532,16 +552,143 @@ def overshooting_kl(
     return losses.sum() / jnp.maximum(counts.sum(), 1)
 
 
+def features(latent: Latent | RSSMOutputs) -> jax.Array:
+    """The decoders' input [..., D + Z]: belief and state side by side."""
+    return jnp.concatenate([latent.belief, latent.state], axis=-1)
+
+
+def zeros_latent(args: Args, *lead: int) -> Latent:
+    """The RSSM's start state: zero belief [*lead, D] and state [*lead, Z]."""
+    return Latent(jnp.zeros((*lead, args.belief_size)), jnp.zeros((*lead, args.state_size)))
+
+
+def model_loss(
+    model: WorldModel, batch: Step, key: jax.Array, hparams: Hyperparams, args: Args
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The negative ELBO of paper eq. 3 on sequences batch [B, T]: image MSE
+    summed over pixels, reward MSE (not on first frames, which no reward led
+    to), and max(KL, free nats); each averaged over batch and time; plus
+    beta x the latent-overshooting KL (eq. 7) when Args.overshooting_kl_beta > 0.
+    Returns (loss [], metrics: dict of [])."""
+    obs_key, noise_key, overshoot_key = jax.random.split(key, 3)
+    time_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
+    images = preprocess_obs(time_major.obs, args.bit_depth, obs_key)  # [T, B, S, S, C]
+    T, B = time_major.first.shape
+    outputs = rssm_observe(
+        model.rssm,
+        zeros_latent(args, B),
+        time_major.action,
+        model.encoder(images),
+        time_major.first,
+        jax.random.normal(noise_key, (T, B, args.state_size)),
+    )
+    feats = features(outputs)
+    observation_loss = jnp.square(model.decoder(feats) - images).sum((-3, -2, -1)).mean()
+    has_reward = (~time_major.first).astype(jnp.float32)
+    reward_error = jnp.square(model.reward(feats) - hparams.reward_scale * time_major.reward)
+    reward_loss = jnp.sum(reward_error * has_reward) / jnp.maximum(has_reward.sum(), 1.0)
+    kl_loss, kl = kl_with_free_nats(
+        outputs.posterior_mean, outputs.posterior_std, outputs.prior_mean, outputs.prior_std, hparams.free_nats
+    )
+    metrics = {
+        "observation_loss": observation_loss,
+        "reward_loss": reward_loss,
+        "kl_loss": kl_loss.mean(),
+        "kl_divergence": kl.mean(),
+        "posterior_std": outputs.posterior_std.mean(),
+    }
+    loss = observation_loss + reward_loss + kl_loss.mean()
+    if args.overshooting_kl_beta > 0:
+        overshooting = overshooting_kl(
+            model.rssm,
+            outputs,
+            time_major.action,
+            time_major.first,
+            args.overshooting_distance,
+            hparams.free_nats,
+            overshoot_key,
+        )
+        loss = loss + hparams.overshooting_kl_beta * overshooting
+        metrics["overshooting_kl_loss"] = overshooting
+    return loss, {**metrics, "model_loss": loss}
+
+
+def plan_latent(model: WorldModel, latent: Latent, key: jax.Array, action_dim: int, args: Args):
+    """CEM in latent space (paper section 4) from one filtered latent (belief
+    [D], state [Z]): every candidate action sequence [H, A] is rolled out with
+    the prior (sampled states, as in the paper, or the prior means with
+    `plan_with_mean`) and scored by the sum of predicted rewards. Returns the
+    first action of the final mean [A] and the elites' predicted return [] (in
+    the reward model's units, reward_scale x)."""
+
+    def returns_fn(actions, key):  # [N, H, A] -> [N]
+        noise = jax.random.normal(key, (actions.shape[0], args.planning_horizon, args.state_size))
+        if args.plan_with_mean:
+            noise = jnp.zeros_like(noise)
+
+        def rollout(action_sequence, eps):
+            predicted, _, _ = rssm_imagine(model.rssm, latent, action_sequence, eps)
+            return model.reward(features(predicted)).sum()
+
+        return jax.vmap(rollout)(actions, noise)
+
+    mean, _, predicted_return = cem_plan(
+        returns_fn,
+        key,
+        args.planning_horizon,
+        action_dim,
+        args.optimisation_iters,
+        args.candidates,
+        args.top_candidates,
+    )
+    return mean[0], predicted_return
+
+
+def repeat_action(env, env_params, env_state, env_action, need_first, obs, key, substeps: int, on_host: bool):
+    """Apply env_action [N, A] for `substeps` env steps (the action repeat; 1
+    for a host env, which repeats it itself), rewards summed. Substeps after an
+    episode end are frozen (no step, no reward) and an env with `need_first`
+    [N] starts done, so it is not stepped at all. A host env is told which envs
+    are active, so a finished one does not advance.
+    Returns (env_state, reward [N], done [N], reached frame [N, S, S, C] (the
+    final observation at an episode end), next frame to record [N, S, S, C],
+    episode info {episode_done, episode_return, episode_length} [substeps, N])."""
+
+    def substep(carry, key):
+        env_state, reward, done, reached, next_obs = carry
+        active = ~done
+        told = (active,) if on_host else ()
+        new_obs, new_state, r, terminated, truncated, info = env.step(key, env_state, env_action, env_params, *told)
+        select = lambda new, old: jnp.where(active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old)
+        carry = (
+            jax.tree.map(select, new_state, env_state),
+            reward + jnp.where(active, r, 0.0),
+            done | (active & (terminated | truncated)),
+            select(info["final_observation"], reached),
+            select(new_obs, next_obs),
+        )
+        stats = {
+            "episode_done": info["episode_done"] & active,
+            "episode_return": info["episode_return"],
+            "episode_length": info["episode_length"],
+        }
+        return carry, stats
+
+    init = (env_state, jnp.zeros(obs.shape[0]), need_first, obs, obs)
+    (env_state, reward, done, reached, next_obs), stats = jax.lax.scan(substep, init, jax.random.split(key, substeps))
+    return env_state, reward, done, reached, next_obs, stats
+
+
 # --------------------------------------------------------------------------- #
 # Training
 # --------------------------------------------------------------------------- #
 class PlaNet(NamedTuple):
-    init: Any  # key -> RunnerState (seed episodes collected)
+    init: Any  # (key, hparams=None) -> RunnerState (seed episodes collected)
     update: Any  # RunnerState -> (RunnerState, metrics): collect_interval model updates, one planned episode
-    train: Any  # key -> (RunnerState, metrics [num_updates])
+    train: Any  # (key, hparams=None) -> (RunnerState, metrics [num_updates])
     evaluate: Any  # (RunnerState, key) -> returns [eval_episodes]
-    model_step: Any  # (params, opt_state, batch Step [B, T], key) -> (params, opt_state, metrics)
-    plan: Any  # (params, latent [D | Z], key) -> (action [A], predicted return [])
+    model_step: Any  # (params, opt_state, batch Step [B, T], key, hparams=None) -> (params, opt_state, metrics)
+    plan: Any  # (params, latent [D | Z], key, hparams=None) -> (action [A], predicted return [])
     spec: envs.EnvSpec
     graphdef: Any  # nnx.GraphDef of WorldModel
 
@@ -573,32 +720,32 @@ def check_env_id(env_id: str) -> None:
         )
 
 
-def make_train(args: Args) -> PlaNet:
-    check_env_id(args.env_id)
-    spec = env_spec(args.env_id)
-    on_host = dmc.is_dmc(args.env_id)
-    if on_host:  # MuJoCo stepped and rendered in Python through io_callback, the action repeat done there
-        make_pixels = lambda n, role: dmc.make(
-            args.env_id,
-            n,
-            size=args.image_size,
-            grayscale=args.grayscale,  # noqa: E731
-            action_repeat=args.action_repeat,
-            seed=args.seed,
-            role=role,
+def make_envs(args: Args):
+    """The training env (one per seed) and the `eval_episodes` evaluation envs,
+    pixel observations: rendered in JAX (common/pixels.py), or a DeepMind
+    Control task stepped and rendered in Python through io_callback
+    (common/dmc.py), which does the action repeat itself.
+    Returns (env, eval_env, env_params, substeps: env.step calls per agent step)."""
+    if dmc.is_dmc(args.env_id):
+        size, grayscale, repeat = args.image_size, args.grayscale, args.action_repeat
+        make = functools.partial(
+            dmc.make, args.env_id, size=size, grayscale=grayscale, action_repeat=repeat, seed=args.seed
         )
-    else:
-        make_pixels = lambda n, role: pixels.make(args.env_id, n, size=args.image_size, grayscale=args.grayscale)  # noqa: E731
-    env, env_params = make_pixels(1, 0)
-    eval_env, _ = make_pixels(args.eval_episodes, 1)
-    substeps = 1 if on_host else args.action_repeat  # env.step calls per agent step
-    action_dim = spec.num_actions
-    low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
-    slots = args.episode_steps + 1  # rows per episode: its first frame, then one per agent step
-    steps_per_update, num_updates = args.steps_per_update, args.num_updates
-    if num_updates < 1:
+        (env, env_params), (eval_env, _) = make(1, role=0), make(args.eval_episodes, role=1)
+        return env, eval_env, env_params, 1
+    make = functools.partial(pixels.make, args.env_id, size=args.image_size, grayscale=args.grayscale)
+    (env, env_params), (eval_env, _) = make(1), make(args.eval_episodes)
+    return env, eval_env, env_params, args.action_repeat
+
+
+def check_sizes(args: Args) -> None:
+    """Refuse, naming the values, a budget of less than one episode, seed
+    episodes shorter than a sampled chunk, or a replay that holds neither."""
+    slots = args.episode_steps + 1
+    if args.num_updates < 1:
         raise ValueError(
-            f"total_timesteps={args.total_timesteps} is less than one episode ({steps_per_update} environment steps)"
+            f"total_timesteps={args.total_timesteps} is less than one episode ({args.steps_per_update} environment "
+            "steps)"
         )
     if args.seed_episodes * slots < args.chunk_size:
         raise ValueError(
@@ -610,108 +757,57 @@ def make_train(args: Args) -> PlaNet:
             f"buffer_size={args.buffer_size} must hold more than one episode ({slots} rows) "
             f"and chunk_size={args.chunk_size}"
         )
+
+
+def make_optimizer(args: Args) -> optax.GradientTransformation:
+    """One Adam over the whole world model after a global-norm clip (none when
+    max_grad_norm is 0); the learning rate is an injected hyperparameter, so
+    each update can set it from the runner state's Hyperparams."""
+
+    def adam_with_clip(learning_rate):
+        adam = optax.adam(learning_rate, eps=args.adam_eps)
+        return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
+
+    return optax.inject_hyperparams(adam_with_clip)(learning_rate=args.learning_rate)
+
+
+def make_train(args: Args) -> PlaNet:
+    """PlaNet's pieces for `args`: learner step, CEM planner, acting, init,
+    update, train and evaluate, closed over the env and the model's graphdef."""
+    check_env_id(args.env_id)
+    check_sizes(args)
+    spec = env_spec(args.env_id)
+    env, eval_env, env_params, substeps = make_envs(args)
+    on_host = dmc.is_dmc(args.env_id)
+    action_dim = spec.num_actions
+    low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
+    slots = args.episode_steps + 1  # rows per episode: its first frame, then one per agent step
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(action_dim, args, nnx.Rngs(0))))
-    clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
-    tx = optax.chain(*clip, optax.adam(args.learning_rate, eps=args.adam_eps))
-    D, Z = args.belief_size, args.state_size
+    optimizer = make_optimizer(args)
 
-    def zeros_latent(*lead):
-        return Latent(jnp.zeros((*lead, D)), jnp.zeros((*lead, Z)))
-
-    def features(latent) -> jax.Array:
-        return jnp.concatenate([latent.belief, latent.state], axis=-1)
-
-    # ----- model learning -------------------------------------------------- #
-    def model_loss(params, batch: Step, key):
-        """The ELBO of paper eq. 3 on sequences [B, T]: image MSE summed over
-        pixels, reward MSE (not on first frames, which no reward led to), and
-        max(KL, free nats); each averaged over batch and time."""
-        model = nnx.merge(graphdef, params)
-        obs_key, noise_key, overshoot_key = jax.random.split(key, 3)
-        time_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
-        images = preprocess_obs(time_major.obs, args.bit_depth, obs_key)  # [T, B, S, S, C]
-        T, B = time_major.first.shape
-        outputs = rssm_observe(
-            model.rssm,
-            zeros_latent(B),
-            time_major.action,
-            model.encoder(images),
-            time_major.first,
-            jax.random.normal(noise_key, (T, B, Z)),
-        )
-        feats = features(outputs)
-        observation_loss = jnp.square(model.decoder(feats) - images).sum((-3, -2, -1)).mean()
-        has_reward = (~time_major.first).astype(jnp.float32)
-        reward_error = jnp.square(model.reward(feats) - args.reward_scale * time_major.reward)
-        reward_loss = jnp.sum(reward_error * has_reward) / jnp.maximum(has_reward.sum(), 1.0)
-        kl_loss, kl = kl_with_free_nats(
-            outputs.posterior_mean, outputs.posterior_std, outputs.prior_mean, outputs.prior_std, args.free_nats
-        )
-        metrics = {
-            "observation_loss": observation_loss,
-            "reward_loss": reward_loss,
-            "kl_loss": kl_loss.mean(),
-            "kl_divergence": kl.mean(),
-            "posterior_std": outputs.posterior_std.mean(),
-        }
-        loss = observation_loss + reward_loss + kl_loss.mean()
-        if args.overshooting_kl_beta > 0:
-            overshooting = overshooting_kl(
-                model.rssm,
-                outputs,
-                time_major.action,
-                time_major.first,
-                args.overshooting_distance,
-                args.free_nats,
-                overshoot_key,
-            )
-            loss = loss + args.overshooting_kl_beta * overshooting
-            metrics["overshooting_kl_loss"] = overshooting
-        return loss, {**metrics, "model_loss": loss}
-
-    def model_step(params, opt_state, batch: Step, key):
-        (_, metrics), grads = jax.value_and_grad(model_loss, has_aux=True)(params, batch, key)
-        updates, opt_state = tx.update(grads, opt_state, params)
+    def model_step(params, opt_state, batch: Step, key, hparams: Hyperparams | None = None):
+        """One learner step on sequences batch [B, T]: the gradient of
+        `model_loss`, clipped, one Adam step at hparams.learning_rate.
+        Returns (params, opt_state, metrics: dict of [])."""
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
+        loss_fn = lambda params: model_loss(nnx.merge(graphdef, params), batch, key, hparams, args)  # noqa: E731
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": hparams.learning_rate})
+        updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {**metrics, "grad_norm": optax.tree.norm(grads)}
 
-    # ----- planning and acting ---------------------------------------------- #
-    def plan(params, latent: Latent, key):
-        """CEM in latent space from one filtered latent (belief [D], state [Z]):
-        every candidate is rolled out with the prior (sampled states, as in the
-        paper, or the prior means with `plan_with_mean`) and scored by the sum
-        of predicted rewards. Returns the first action of the final mean [A]
-        and the elites' predicted return []."""
-        model = nnx.merge(graphdef, params)
+    def plan(params, latent: Latent, key, hparams: Hyperparams | None = None):
+        """`plan_latent` with the parameters `params`: the action [A] and the
+        elites' predicted return [] in environment units (divided by reward_scale)."""
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
+        action, predicted_return = plan_latent(nnx.merge(graphdef, params), latent, key, action_dim, args)
+        return action, predicted_return / hparams.reward_scale
 
-        def returns_fn(actions, key):  # [N, H, A] -> [N]
-            noise = jax.random.normal(key, (actions.shape[0], args.planning_horizon, Z))
-            if args.plan_with_mean:
-                noise = jnp.zeros_like(noise)
-
-            def rollout(action_sequence, eps):
-                predicted, _, _ = rssm_imagine(model.rssm, latent, action_sequence, eps)
-                return model.reward(features(predicted)).sum()
-
-            return jax.vmap(rollout)(actions, noise)
-
-        mean, _, predicted_return = cem_plan(
-            returns_fn,
-            key,
-            args.planning_horizon,
-            action_dim,
-            args.optimisation_iters,
-            args.candidates,
-            args.top_candidates,
-        )
-        return mean[0], predicted_return / args.reward_scale
-
-    def agent_slot(params, agent: Agent, key, env, mode: str, noise_std: float):
+    def agent_slot(params, hparams: Hyperparams, agent: Agent, key, env, mode: str, noise_std):
         """One slot for N envs: a first-frame row where `need_first`, otherwise
-        choose an action (uniformly random, or planned + Gaussian noise), repeat
-        it `action_repeat` times (substeps after an episode end are frozen), and
-        record the reached frame; then filter the latent with the recorded row.
-        (A host env repeats the action itself: one substep, told which envs are
-        active so a finished one is not stepped.)
+        choose an action (uniformly random, or planned + N(0, noise_std^2)),
+        repeat it (`repeat_action`) and record the reached frame; then filter
+        the latent with the recorded row.
         Returns (agent, (row Step [N], substep info [substeps, N], predicted return [N]))."""
         action_key, noise_key, env_key, obs_key, filter_key = jax.random.split(key, 5)
         n = agent.obs.shape[0]
@@ -719,62 +815,35 @@ def make_train(args: Args) -> PlaNet:
             action = jax.random.uniform(action_key, (n, action_dim), minval=-1.0, maxval=1.0)
             predicted = jnp.full((n,), jnp.nan)
         else:
-            action, predicted = jax.vmap(plan, in_axes=(None, 0, 0))(
-                params, agent.latent, jax.random.split(action_key, n)
+            action, predicted = jax.vmap(plan, in_axes=(None, 0, 0, None))(
+                params, agent.latent, jax.random.split(action_key, n), hparams
             )
             action = jnp.clip(action + noise_std * jax.random.normal(noise_key, action.shape), -1.0, 1.0)
         env_action = low + (action + 1.0) * 0.5 * (high - low)
-
-        def substep(carry, key):
-            env_state, reward, done, reached, next_obs = carry
-            active = ~done
-            told = (active,) if on_host else ()  # a host env must not step a finished env
-            obs, new_state, r, terminated, truncated, info = env.step(key, env_state, env_action, env_params, *told)
-            select = lambda new, old: jnp.where(active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old)
-            env_state = jax.tree.map(select, new_state, env_state)
-            carry = (
-                env_state,
-                reward + jnp.where(active, r, 0.0),
-                done | (active & (terminated | truncated)),
-                select(info["final_observation"], reached),
-                select(obs, next_obs),
-            )
-            stats = {
-                "episode_done": info["episode_done"] & active,
-                "episode_return": info["episode_return"],
-                "episode_length": info["episode_length"],
-            }
-            return carry, stats
-
-        # A first-frame slot starts "done": no substep is active, the env is not stepped.
-        init = (agent.env_state, jnp.zeros(n), agent.need_first, agent.obs, agent.obs)
-        (env_state, reward, done, reached, next_obs), stats = jax.lax.scan(
-            substep, init, jax.random.split(env_key, substeps)
+        env_state, reward, done, reached, next_obs, stats = repeat_action(
+            env, env_params, agent.env_state, env_action, agent.need_first, agent.obs, env_key, substeps, on_host
         )
-        row = Step(
-            obs=quantise(reached),
-            action=jnp.where(agent.need_first[:, None], 0.0, action),
-            reward=reward,
-            first=agent.need_first,
-        )
+        first = agent.need_first  # a first-frame row: no action led to it
+        row = Step(quantise(reached), jnp.where(first[:, None], 0.0, action), reward, first)
         latent = agent.latent
         if mode != "random":  # random acting needs no latent state
             model = nnx.merge(graphdef, params)
             embedding = model.encoder(preprocess_obs(row.obs, args.bit_depth, obs_key))
-            latent, _ = rssm_observe_step(
-                model.rssm, latent, row.action, embedding, row.first, jax.random.normal(filter_key, (n, Z))
-            )
+            noise = jax.random.normal(filter_key, (n, args.state_size))
+            latent, _ = rssm_observe_step(model.rssm, latent, row.action, embedding, row.first, noise)
         agent = Agent(env_state, next_obs, latent, ~agent.need_first & done)
         return agent, (row, stats, predicted)
 
     def collect(state: RunnerState, mode: str, num_slots: int):
-        """`num_slots` slots of the training env into replay; returns the state and
-        (substep info [num_slots, R, 1], predicted returns [num_slots, 1])."""
+        """`num_slots` slots of the training env into replay (`mode` "random":
+        uniform actions; "plan": CEM plus exploration noise); returns the state
+        and (substep info [num_slots, substeps, 1], predicted returns [num_slots, 1])."""
         key, slot_key = jax.random.split(state.key)
 
         def slot(carry, key):
             agent, buffer = carry
-            agent, (row, stats, predicted) = agent_slot(state.params, agent, key, env, mode, args.exploration_noise)
+            noise_std = state.hparams.exploration_noise
+            agent, (row, stats, predicted) = agent_slot(state.params, state.hparams, agent, key, env, mode, noise_std)
             return (agent, buffers.add(buffer, row)), (stats, predicted)
 
         (agent, buffer), (stats, predicted) = jax.lax.scan(
@@ -782,41 +851,43 @@ def make_train(args: Args) -> PlaNet:
         )
         return state.replace(agent=agent, buffer=buffer, key=key), (stats, predicted)
 
-    def init(key: jax.Array) -> RunnerState:
+    def init(key: jax.Array, hparams: Hyperparams | None = None) -> RunnerState:
+        """A fresh model and optimizer, an empty replay, then `seed_episodes`
+        episodes of uniformly random actions collected into it."""
+        hparams = Hyperparams.from_args(args) if hparams is None else hparams
         key, model_key, env_key = jax.random.split(key, 3)
         params = nnx.split(WorldModel(action_dim, args, nnx.Rngs(model_key)))[1]
         obs, env_state = env.reset(env_key, env_params)
-        agent = Agent(env_state, obs, zeros_latent(1), jnp.ones((1,), bool))
+        agent = Agent(env_state, obs, zeros_latent(args, 1), jnp.ones((1,), bool))
         example = Step(
             jnp.zeros(args.image_shape, jnp.uint8), jnp.zeros(action_dim), jnp.float32(0.0), jnp.bool_(False)
         )
-        state = RunnerState(
-            params, tx.init(params), buffers.init(example, args.buffer_size, 1), agent, key, jnp.int32(0), jnp.int32(0)
-        )
+        replay = buffers.init(example, args.buffer_size, 1)
+        state = RunnerState(params, optimizer.init(params), replay, agent, key, jnp.int32(0), jnp.int32(0), hparams)
         state, _ = collect(state, "random", args.seed_episodes * slots)
-        return state.replace(env_steps=jnp.int32(args.seed_episodes * steps_per_update))
+        return state.replace(env_steps=jnp.int32(args.seed_episodes * args.steps_per_update))
 
     def update(state: RunnerState):
         """One PlaNet iteration (paper algorithm 1): `collect_interval` model
-        updates on sequence chunks from replay, then one episode with the
-        planner (plus exploration noise) into replay."""
+        updates on `batch_size` chunks [B, chunk_size] sampled from replay, then
+        one episode with the planner (plus exploration noise) into replay.
+        Returns (state, metrics: dict of [])."""
 
         def fit(carry, key):
             params, opt_state = carry
             sample_key, loss_key = jax.random.split(key)
             batch = buffers.sample(state.buffer, sample_key, args.batch_size, args.chunk_size).windows
-            params, opt_state, metrics = model_step(params, opt_state, batch, loss_key)
+            params, opt_state, metrics = model_step(params, opt_state, batch, loss_key, state.hparams)
             return (params, opt_state), metrics
 
         key, fit_key = jax.random.split(state.key)
         (params, opt_state), metrics = jax.lax.scan(
             fit, (state.params, state.opt_state), jax.random.split(fit_key, args.collect_interval)
         )
-        state = state.replace(
-            params=params, opt_state=opt_state, key=key, model_updates=state.model_updates + args.collect_interval
-        )
+        model_updates = state.model_updates + args.collect_interval
+        state = state.replace(params=params, opt_state=opt_state, key=key, model_updates=model_updates)
         state, (stats, predicted) = collect(state, "plan", slots)
-        state = state.replace(env_steps=state.env_steps + steps_per_update)
+        state = state.replace(env_steps=state.env_steps + args.steps_per_update)
         return state, {
             **envs.episode_metrics(stats),
             **jax.tree.map(jnp.mean, metrics),
@@ -825,8 +896,10 @@ def make_train(args: Args) -> PlaNet:
             "env_steps": state.env_steps.astype(jnp.float32),
         }
 
-    def train(key: jax.Array):
-        return jax.lax.scan(lambda s, _: update(s), init(key), None, num_updates)
+    def train(key: jax.Array, hparams: Hyperparams | None = None):
+        """The whole run as one `lax.scan` over updates: jit it, vmap it over
+        seeds (keys) and hyperparameters. Returns (state, metrics [num_updates])."""
+        return jax.lax.scan(lambda s, _: update(s), init(key, hparams), None, args.num_updates)
 
     def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
         """`eval_episodes` planned episodes at once, no exploration noise; the
@@ -834,11 +907,11 @@ def make_train(args: Args) -> PlaNet:
         reset_key, key = jax.random.split(key)
         obs, env_state = eval_env.reset(reset_key, env_params)
         n = args.eval_episodes
-        agent = Agent(env_state, obs, zeros_latent(n), jnp.ones((n,), bool))
+        agent = Agent(env_state, obs, zeros_latent(args, n), jnp.ones((n,), bool))
 
         def slot(carry, key):
             agent, finished, returns = carry
-            agent, (_, stats, _) = agent_slot(state.params, agent, key, eval_env, "plan", 0.0)
+            agent, (_, stats, _) = agent_slot(state.params, state.hparams, agent, key, eval_env, "plan", 0.0)
             for done, episode_return in zip(stats["episode_done"], stats["episode_return"]):  # over the repeat
                 newly = done & ~finished
                 returns, finished = jnp.where(newly, episode_return, returns), finished | newly
