@@ -20,6 +20,8 @@ which this file writes in ~60 lines with no extra dependency and a format
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import json
 import os
 import re
 import warnings
@@ -175,7 +177,32 @@ def restore(run_dir: str | os.PathLike, template, update: int | None = None):
             raise FileNotFoundError(f"no checkpoint {str(path)!r}; have {[p.name for p in checkpoints]}")
         if (problem := damage(path)) is not None:
             raise ValueError(f"checkpoint {path} is damaged: {problem}")
-    return _load(path, template)
+    try:
+        return _load(path, template)
+    except ValueError as error:
+        written_by, running = _version_that_wrote(run_dir), package_version()
+        if written_by is None or written_by == running:
+            raise
+        raise ValueError(
+            f"{error}. The run was written by jaxzoo {written_by} and this is jaxzoo {running}, whose runner "
+            f"state differs: resume it with jaxzoo {written_by}, or start a new run"
+        ) from None
+
+
+def _version_that_wrote(run_dir: str | os.PathLike) -> str | None:
+    """The `jaxzoo_version` recorded in the run's args.json (None if absent)."""
+    try:
+        return json.loads((Path(run_dir) / "args.json").read_text()).get("jaxzoo_version")
+    except (OSError, ValueError):
+        return None
+
+
+def package_version() -> str:
+    """The installed jaxzoo's version (args.json records it as `jaxzoo_version`)."""
+    try:
+        return importlib.metadata.version("jaxzoo")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _load(path: Path, template):

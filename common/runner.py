@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import importlib.metadata
 import os
 import signal
 import sys
@@ -222,11 +221,7 @@ def locked_run_dir(run_dir: str | Path):
         handle.close()
 
 
-def package_version() -> str:
-    try:
-        return importlib.metadata.version("jaxzoo")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+package_version = checkpoint.package_version
 
 
 def prepare(args, algorithm: str):

@@ -1,5 +1,7 @@
 """common/checkpoint.py: round trip of a whole runner state, and clear errors."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,3 +51,18 @@ def test_mismatched_shape_is_named(tmp_path):
     template["params"]["w"] = jnp.zeros((4, 3))
     with pytest.raises(ValueError, match=r"\['params'\]\['w'\]"):
         checkpoint.restore(tmp_path, template)
+
+
+def test_a_checkpoint_of_another_jaxzoo_version_names_both_versions(tmp_path):
+    """A runner state that changed between versions (a new leaf) is refused
+    naming the leaf and both versions; the same mismatch within one version
+    says only what differs."""
+    checkpoint.save(tmp_path, 1, state())
+    template = {**state(), "hparams": {"learning_rate": jnp.float32(1e-3)}}
+    (tmp_path / "args.json").write_text(json.dumps({"jaxzoo_version": "0.0.1"}))
+    with pytest.raises(ValueError, match=r"no leaf \"\['hparams'\].*jaxzoo 0\.0\.1 and this is jaxzoo "):
+        checkpoint.restore(tmp_path, template)
+    (tmp_path / "args.json").write_text(json.dumps({"jaxzoo_version": checkpoint.package_version()}))
+    with pytest.raises(ValueError, match="no leaf") as refused:
+        checkpoint.restore(tmp_path, template)
+    assert "written by jaxzoo" not in str(refused.value)
