@@ -473,7 +473,9 @@ class _ChunkLoop:
     """The pipelined chunk loop of `_train` and what it accumulates.
 
     A chunk is dispatched (asynchronously) before the previous chunk's metrics
-    are copied and written, so host work overlaps device work. A checkpoint
+    are copied and written, so host work overlaps device work, except for
+    paced chunks (`paced`), each waited for before the next is dispatched, so
+    a signal waits for one chunk at most. A checkpoint
     waits for its chunk and writes its metrics first, so metrics.csv never
     lacks rows that a resumed run would not redo, and a non-finite state is
     found before it could be saved. Metrics rows are [num_seeds, updates]."""
@@ -515,6 +517,8 @@ class _ChunkLoop:
         in_flight: tuple | None = None
         stop_at = num_updates  # the update the loop stops after: earlier when a signal arrives
         while self.dispatched < stop_at or in_flight is not None:
+            if stop.signum is not None:
+                stop_at = min(stop_at, self.dispatched)  # dispatch nothing more
             previous, in_flight = in_flight, None
             if self.dispatched < stop_at:
                 count = min(self.next_chunk_size(), num_updates - self.dispatched)
@@ -545,10 +549,20 @@ class _ChunkLoop:
                     in_flight = None
                 checkpoint.save(self.run_log.dir, self.dispatched, state)
                 self.last_checkpoint = self.dispatched
-            if in_flight is not None and self.seconds_per_update is None:
-                self.record(*in_flight)  # the first chunk is timed before the next one is sized
+            if in_flight is not None and (self.seconds_per_update is None or self.paced()):
+                # The first chunk is timed before the next one is sized; a paced
+                # chunk is waited for before the next is dispatched.
+                self.record(*in_flight)
                 in_flight = None
         return state
+
+    def paced(self) -> bool:
+        """Whether chunks are cut to about CHUNK_SECONDS (an algorithm slow
+        enough that `log_every` updates would outlast it). Such a chunk is not
+        overlapped with the next one: a signal then waits for one chunk at most
+        (not two), and overlapping would save only the host's milliseconds of
+        logging per chunk of seconds."""
+        return self.seconds_per_update is not None and self.seconds_per_update * self.args.log_every > CHUNK_SECONDS
 
     def next_chunk_size(self) -> int:
         """The first chunk of a process is one update, timed before the next is

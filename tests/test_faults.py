@@ -286,6 +286,32 @@ def test_slow_chunks_are_shortened_so_a_signal_is_answered_quickly(tmp_path, mon
     assert float(result.state["weight"][0]) == 12  # every update ran once
 
 
+def test_a_signal_waits_for_one_paced_chunk_at_most(tmp_path, monkeypatch):
+    """Paced chunks (an algorithm slow enough that its chunks are cut to
+    CHUNK_SECONDS) are not dispatched ahead: a SIGTERM that arrives while the
+    loop waits for update 5's chunk stops the run right after it, with a
+    checkpoint at update 5 (a pipelined loop would already have dispatched
+    update 6 and stopped after it: one slow update later)."""
+    import os
+
+    monkeypatch.setattr(runner, "CHUNK_SECONDS", 1e-9)  # every update is slow enough: chunks of one update
+    args = ToyArgs(run_root=str(tmp_path), num_seeds=1, log_every=4, checkpoint_every=100)
+    init, update, evaluate = toy_algorithm(args)
+    record = runner._ChunkLoop.record
+
+    def record_with_signal(self, metrics, health, first_update, count, *rest):
+        if first_update + count == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return record(self, metrics, health, first_update, count, *rest)
+
+    monkeypatch.setattr(runner._ChunkLoop, "record", record_with_signal)
+    with pytest.raises(SystemExit) as stopped:
+        runner.run(args, "toy", init, update, evaluate, num_updates=40, steps_per_update=10)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    (run_dir,) = tmp_path.iterdir()
+    assert checkpoint.latest_update(run_dir) == 5
+
+
 def test_a_resumed_run_that_logs_other_metrics_keeps_every_row(tmp_path):
     """A newer version may log a metric the run's metrics.csv lacks (or drop
     one): the rows already written stay, aligned, with nan where a column is new."""
