@@ -32,7 +32,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
 import distrax
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from jaxzoo import buffers, cli, dmc, envs, pixels, runner
+from jaxzoo import buffers, cli, dmc, envs, parallel, pixels, runner
 from jaxzoo.checks import AtLeastOne, NonNegative, Positive, Range, check_fields
 from jaxzoo.layers import StridedConv, StridedConvTranspose
 
@@ -82,6 +82,18 @@ class Args:
     """planned episodes without exploration noise per seed at the end of training"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
+    parallel: Literal["auto", "seeds", "data", "off"] = "auto"
+    """devices: seeds shards the seed axis, data shards one run's data and averages gradients (off: one device; auto: seeds over the devices that divide num_seeds; docs/scaling.md)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (SLURM, Open MPI, TPU pods detected; else pass the next three)"""
+    coordinator_address: str | None = None
+    """host:port of process 0 for --distributed (None: detected on SLURM, Open MPI, TPU pods)"""
+    num_processes: Annotated[int | None, AtLeastOne] = None
+    """processes in the --distributed run (None: detected on SLURM, Open MPI, TPU pods)"""
+    process_id: Annotated[int | None, NonNegative] = None
+    """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
+    distributed_timeout: Annotated[int, AtLeastOne] = 120
+    """seconds --distributed waits for every process to join before failing"""
 
     # algorithm-specific
     eval_every: Annotated[int, NonNegative] = 0
@@ -571,19 +583,28 @@ def model_loss(
     beta x the latent-overshooting KL (eq. 7) when Args.overshooting_kl_beta > 0.
     Returns (loss [], metrics: dict of [])."""
     obs_key, noise_key, overshoot_key = jax.random.split(key, 3)
+    batch = parallel.constrain_data(batch)  # --parallel data: the sequences are split over devices
     time_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
     images = preprocess_obs(time_major.obs, args.bit_depth, obs_key)  # [T, B, S, S, C]
     T, B = time_major.first.shape
-    outputs = rssm_observe(
-        model.rssm,
-        zeros_latent(args, B),
-        time_major.action,
-        model.encoder(images),
-        time_major.first,
-        jax.random.normal(noise_key, (T, B, args.state_size)),
+    # --parallel data: the sequences are split over devices, but the encoder and the decoder flatten
+    # time x batch into one batch, which keeps a split only along its major axis: they run split along
+    # time (one exchange before and after each), the filtering scan along the batch.
+    by_time = functools.partial(parallel.constrain_data, axis=0)
+    by_sequence = functools.partial(parallel.constrain_data, axis=1)
+    images = by_time(images)
+    outputs = by_sequence(
+        rssm_observe(
+            model.rssm,
+            zeros_latent(args, B),
+            time_major.action,
+            by_sequence(model.encoder(images)),
+            time_major.first,
+            jax.random.normal(noise_key, (T, B, args.state_size)),
+        )
     )
     feats = features(outputs)
-    observation_loss = jnp.square(model.decoder(feats) - images).sum((-3, -2, -1)).mean()
+    observation_loss = jnp.square(model.decoder(by_time(feats)) - images).sum((-3, -2, -1)).mean()
     has_reward = (~time_major.first).astype(jnp.float32)
     reward_error = jnp.square(model.reward(feats) - hparams.reward_scale * time_major.reward)
     reward_loss = jnp.sum(reward_error * has_reward) / jnp.maximum(has_reward.sum(), 1.0)
@@ -625,6 +646,8 @@ def plan_latent(model: WorldModel, latent: Latent, key: jax.Array, action_dim: i
         noise = jax.random.normal(key, (actions.shape[0], args.planning_horizon, args.state_size))
         if args.plan_with_mean:
             noise = jnp.zeros_like(noise)
+        # --parallel data: the CEM population (the candidates' rollouts) is split over devices.
+        actions, noise = parallel.constrain_data((actions, noise))
 
         def rollout(action_sequence, eps):
             predicted, _, _ = rssm_imagine(model.rssm, latent, action_sequence, eps)
@@ -940,6 +963,12 @@ def main(args: Args) -> runner.RunResult:
         num_updates=args.num_updates,
         steps_per_update=args.steps_per_update,
         eval_every=args.eval_every,
+        # --parallel data: one training env per seed leaves no env batch to shard, so the state (replay
+        # included) is replicated; each model update's sequences and each plan's CEM candidates are split
+        # over devices (`constrain_data` above), the gradients averaged across them.
+        data_axes=lambda state: None,
+        data_size=args.batch_size,
+        data_name="batch_size",
     )
 
 

@@ -34,7 +34,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import cli, envs, layers, runner
+from jaxzoo import cli, envs, layers, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fields
 
 
@@ -73,6 +73,18 @@ class Args:
     """greedy evaluation episodes per seed at the end of training"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
+    parallel: Literal["auto", "seeds", "data", "off"] = "auto"
+    """devices: seeds shards the seed axis, data shards one run's data and averages gradients (off: one device; auto: seeds over the devices that divide num_seeds; docs/scaling.md)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (SLURM, Open MPI, TPU pods detected; else pass the next three)"""
+    coordinator_address: str | None = None
+    """host:port of process 0 for --distributed (None: detected on SLURM, Open MPI, TPU pods)"""
+    num_processes: Annotated[int | None, AtLeastOne] = None
+    """processes in the --distributed run (None: detected on SLURM, Open MPI, TPU pods)"""
+    process_id: Annotated[int | None, NonNegative] = None
+    """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
+    distributed_timeout: Annotated[int, AtLeastOne] = 120
+    """seconds --distributed waits for every process to join before failing"""
 
     # algorithm-specific
     max_episode_steps: Annotated[int, NonNegative] = 0
@@ -460,6 +472,7 @@ def minibatch_step(args: Args, graphdef: nnx.GraphDef, optimizer, carry, minibat
     """One gradient step of `ppo_loss` on a minibatch [M].
     carry = (params, opt_state, hparams, kl_coef []); returns (carry, loss metrics of [] arrays)."""
     params, opt_state, hparams, kl_coef = carry
+    minibatch = parallel.constrain_data(minibatch)  # --parallel data: the minibatch is split over devices
 
     def loss_fn(params):
         dist, new_value = nnx.merge(graphdef, params)(minibatch.obs)
@@ -660,7 +673,17 @@ def main(args: Args) -> runner.RunResult:
     args = runner.prepare(args, "ppo")  # resume, run-root and cache checks, before anything is built
     ppo = make_train(args)
     return runner.run(
-        args, "ppo", ppo.init, ppo.update, ppo.evaluate, num_updates=args.num_updates, steps_per_update=args.batch_size
+        args,
+        "ppo",
+        ppo.init,
+        ppo.update,
+        ppo.evaluate,
+        num_updates=args.num_updates,
+        steps_per_update=args.batch_size,
+        # --parallel data: the environments (axis 0 of env_state and obs) are split over devices.
+        data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(env_state=0, obs=0),
+        data_size=args.num_envs,
+        data_name="num_envs",
     )
 
 

@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import buffers, cli, envs, layers, runner
+from jaxzoo import buffers, cli, envs, layers, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Positive, check_fields
 
 
@@ -77,6 +77,18 @@ class Args:
     """greedy evaluation episodes per seed at the end of training"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
+    parallel: Literal["auto", "seeds", "data", "off"] = "auto"
+    """devices: seeds shards the seed axis, data shards one run's data and averages gradients (off: one device; auto: seeds over the devices that divide num_seeds; docs/scaling.md)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (SLURM, Open MPI, TPU pods detected; else pass the next three)"""
+    coordinator_address: str | None = None
+    """host:port of process 0 for --distributed (None: detected on SLURM, Open MPI, TPU pods)"""
+    num_processes: Annotated[int | None, AtLeastOne] = None
+    """processes in the --distributed run (None: detected on SLURM, Open MPI, TPU pods)"""
+    process_id: Annotated[int | None, NonNegative] = None
+    """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
+    distributed_timeout: Annotated[int, AtLeastOne] = 120
+    """seconds --distributed waits for every process to join before failing"""
 
     # algorithm-specific
     num_envs: Annotated[int, AtLeastOne] = 10
@@ -559,6 +571,8 @@ def learner_step(
         buffer = buffer.replace(priority=learner.priority, max_priority=learner.max_priority)
     alpha = args.per_alpha if args.prioritized else None
     sample = buffers.sample(buffer, sample_key, args.batch_size, args.n_step, alpha)
+    # --parallel data: the sampled windows and their probabilities are split over devices.
+    sample = sample._replace(**parallel.constrain_data({"windows": sample.windows, "probability": sample.probability}))
     grads, (priority, stats) = jax.grad(td_loss, argnums=3, has_aux=True)(
         args, graphdef, support, learner.params, target_params, sample, hparams, beta, noise_key
     )
@@ -758,6 +772,13 @@ def main(args: Args) -> runner.RunResult:
         algo.evaluate,
         num_updates=args.num_updates,
         steps_per_update=args.steps_per_update,
+        # --parallel data: the environments (axis 0 of env_state and obs) and the replay columns they
+        # fill (axis 1 of the buffer's data and priorities, [rows, num_envs]) are split over devices.
+        data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(
+            env_state=0, obs=0, buffer=jax.tree.map(lambda _: None, state.buffer).replace(data=1, priority=1)
+        ),
+        data_size=args.num_envs,
+        data_name="num_envs",
     )
 
 

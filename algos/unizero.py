@@ -43,7 +43,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import buffers, cli, envs, layers, runner
+from jaxzoo import buffers, cli, envs, layers, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Positive, Range, check_fields
 
 
@@ -82,6 +82,18 @@ class Args:
     """greedy evaluation episodes per seed at the end of training (with search, no noise)"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
+    parallel: Literal["auto", "seeds", "data", "off"] = "auto"
+    """devices: seeds shards the seed axis, data shards one run's data and averages gradients (off: one device; auto: seeds over the devices that divide num_seeds; docs/scaling.md)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (SLURM, Open MPI, TPU pods detected; else pass the next three)"""
+    coordinator_address: str | None = None
+    """host:port of process 0 for --distributed (None: detected on SLURM, Open MPI, TPU pods)"""
+    num_processes: Annotated[int | None, AtLeastOne] = None
+    """processes in the --distributed run (None: detected on SLURM, Open MPI, TPU pods)"""
+    process_id: Annotated[int | None, NonNegative] = None
+    """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
+    distributed_timeout: Annotated[int, AtLeastOne] = 120
+    """seconds --distributed waits for every process to join before failing"""
 
     # algorithm-specific
     eval_every: Annotated[int, NonNegative] = 0
@@ -702,6 +714,7 @@ def collect_step(env, env_params, search, state: RunnerState):
     state and (episode info, search stats): leaves [N] and []."""
     key, search_key, step_key = jax.random.split(state.key, 3)
     history = observe(state.history, state.obs, state.timestep)
+    history = parallel.constrain_data(history)  # --parallel data: the search's root batch is split over devices
     out = search(state.params, history, search_key, True, state.hparams)
     next_obs, env_state, reward, terminated, truncated, info = env.step(
         step_key, state.env_state, out.action, env_params
@@ -920,9 +933,8 @@ def make_train(args: Args) -> UniZero:
         hp = state.hparams
         key, sample_key, dropout_key = jax.random.split(state.key, 3)
         sample = buffers.sample(state.buffer, sample_key, args.batch_size, L)
-        grads, stats = jax.grad(loss_fn, has_aux=True)(
-            state.params, state.target_params, sample.windows, dropout_key, hp
-        )
+        windows = parallel.constrain_data(sample.windows)  # --parallel data: the batch is split over devices
+        grads, stats = jax.grad(loss_fn, has_aux=True)(state.params, state.target_params, windows, dropout_key, hp)
         opt_state = state.opt_state._replace(
             hyperparams={**state.opt_state.hyperparams, "learning_rate": hp.learning_rate}
         )
@@ -1005,6 +1017,18 @@ def main(args: Args) -> runner.RunResult:
         num_updates=args.num_updates,
         steps_per_update=args.steps_per_update,
         eval_every=args.eval_every,
+        # --parallel data: the environments (axis 0 of env_state, obs, timestep and the search history) and
+        # the replay columns they fill (axis 1 of the buffer's data and priorities, [rows, num_envs]) are
+        # split over devices.
+        data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(
+            env_state=0,
+            obs=0,
+            timestep=0,
+            history=0,
+            buffer=jax.tree.map(lambda _: None, state.buffer).replace(data=1, priority=1),
+        ),
+        data_size=args.num_envs,
+        data_name="num_envs",
     )
 
 

@@ -42,7 +42,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
 import jax
@@ -52,7 +52,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import cli, envs, layers, runner
+from jaxzoo import cli, envs, layers, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Positive, Range, check_fields
 
 
@@ -91,6 +91,18 @@ class Args:
     """greedy evaluation episodes per seed at the end of training"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
+    parallel: Literal["auto", "seeds", "data", "off"] = "auto"
+    """devices: seeds shards the seed axis, data shards one run's data and averages gradients (off: one device; auto: seeds over the devices that divide num_seeds; docs/scaling.md)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (SLURM, Open MPI, TPU pods detected; else pass the next three)"""
+    coordinator_address: str | None = None
+    """host:port of process 0 for --distributed (None: detected on SLURM, Open MPI, TPU pods)"""
+    num_processes: Annotated[int | None, AtLeastOne] = None
+    """processes in the --distributed run (None: detected on SLURM, Open MPI, TPU pods)"""
+    process_id: Annotated[int | None, NonNegative] = None
+    """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
+    distributed_timeout: Annotated[int, AtLeastOne] = 120
+    """seconds --distributed waits for every process to join before failing"""
 
     # algorithm-specific
     eval_every: Annotated[int, NonNegative] = 0
@@ -835,6 +847,7 @@ def gradient_step(args: Args, graphdef: nnx.GraphDef, optimizer, batch: Batch, h
     params, target_encoder, opt_state, stopped = carry
     indices, dropout_key = inputs
     minibatch = jax.tree.map(lambda x: x[indices], batch)
+    minibatch = parallel.constrain_data(minibatch)  # --parallel data: the windows are split over devices
     loss = lambda p: unizero_ppo_loss(args, graphdef, p, target_encoder, minibatch, dropout_key, hparams)
     grads, stats = jax.grad(loss, has_aux=True)(params)
     learning_rate = learning_rate_at(args, hparams, opt_state.count)
@@ -1089,6 +1102,10 @@ def main(args: Args) -> runner.RunResult:
         num_updates=args.num_updates,
         steps_per_update=args.batch_steps,
         eval_every=args.eval_every,
+        # --parallel data: the environments (axis 0 of env_state, obs, timestep, context) are split over devices.
+        data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(env_state=0, obs=0, timestep=0, context=0),
+        data_size=args.num_envs,
+        data_name="num_envs",
     )
     if args.eval_search:
         seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)

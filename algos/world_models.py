@@ -48,7 +48,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import checkpoint, cli, envs, logger, pixels, runner
+from jaxzoo import checkpoint, cli, envs, logger, parallel, pixels, runner
 from jaxzoo.checks import AtLeastOne, NonNegative, Positive, Range, check_fields
 from jaxzoo.layers import StridedConv, StridedConvTranspose
 
@@ -92,6 +92,18 @@ class Args:
     """real-environment episodes of the final controller (the paper: 100)"""
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
+    parallel: Literal["auto", "seeds", "data", "off"] = "auto"
+    """devices: seeds shards the seed axis, data shards one run's data and averages gradients (off: one device; auto: seeds over the devices that divide num_seeds; docs/scaling.md)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (SLURM, Open MPI, TPU pods detected; else pass the next three)"""
+    coordinator_address: str | None = None
+    """host:port of process 0 for --distributed (None: detected on SLURM, Open MPI, TPU pods)"""
+    num_processes: Annotated[int | None, AtLeastOne] = None
+    """processes in the --distributed run (None: detected on SLURM, Open MPI, TPU pods)"""
+    process_id: Annotated[int | None, NonNegative] = None
+    """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
+    distributed_timeout: Annotated[int, AtLeastOne] = 120
+    """seconds --distributed waits for every process to join before failing"""
 
     # algorithm-specific
     stages: tuple[Stage_, ...] = STAGES
@@ -473,9 +485,15 @@ def cma_init(mean: jax.Array, sigma: float | jax.Array) -> CMAState:
 
 
 def cma_ask(state: CMAState, key: jax.Array, population: int) -> jax.Array:
-    """Candidates x_k = mean + sigma B D z_k, z_k ~ N(0, I): [population, P]."""
+    """Candidates x_k = mean + sigma C^{1/2} z_k, z_k ~ N(0, I): [population, P].
+
+    C^{1/2} = B D B^T, the symmetric square root. Hansen (2016, eq. 38-39)
+    writes B D z_k, the same distribution (B^T z_k ~ N(0, I)); but B is not
+    unique where C has repeated eigenvalues (after a few generations most of
+    its P eigenvalues are equal), so B D z_k jumps with float noise in C
+    (say, another device count), while B D B^T is a continuous function of C."""
     z = jax.random.normal(key, (population, state.mean.shape[0]))
-    y = (z * jnp.sqrt(state.eigvals)) @ state.eigvecs.T  # B D z_k, [population, P]
+    y = ((z @ state.eigvecs) * jnp.sqrt(state.eigvals)) @ state.eigvecs.T  # B D B^T z_k, [population, P]
     return state.mean + state.sigma * y
 
 
@@ -1148,6 +1166,7 @@ def run_stage(
     seeds: np.ndarray,
     wm: WorldModels,
     stop: runner.StopRequest | None = None,
+    layout: parallel.Layout | None = None,
 ):
     """One stage for all seeds: init (or restore the stage's newest checkpoint,
     which is how --resume continues a stage), then chunks of `log_every` updates
@@ -1155,13 +1174,18 @@ def run_stage(
     jaxzoo.runner.over_seeds, the state donated), metrics.csv and checkpoints
     in `stage_dir`. A non-finite state stops the run (cli.Diverged) before it
     is saved; a SIGINT / SIGTERM (`stop`) checkpoints after the chunk and
-    exits. Returns (state [num_seeds, ...], seconds, chunk traces)."""
+    exits. With a `layout` in seeds mode (jaxzoo.parallel), the seed axis of
+    the state and inputs is sharded over its devices; only process 0 writes.
+    Returns (state [num_seeds, ...], seconds, chunk traces)."""
     start = time.perf_counter()
     stop = stop or runner.StopRequest()  # not entered: no signal handlers, never stops
+    by_seed = None if layout is None else layout.seed_sharding()  # None: one device
+    placed: dict[str, Any] = {} if by_seed is None else {"out_shardings": by_seed}
+    chunk_placed: dict[str, Any] = {} if by_seed is None else {"out_shardings": (by_seed, by_seed, by_seed)}
     updates_done = checkpoint.latest_update(stage_dir)
     if updates_done is not None:
         state, updates_done = checkpoint.restore(stage_dir, abstract_stage_state(name, stage, seeds, inputs, wm))
-        state = jax.device_put(state)
+        state = parallel.put(state, None if by_seed is None else jax.tree.map(lambda _: by_seed, state))
     elif stage.host:  # one seed (checked in Args)
         seed_inputs = jax.tree.map(lambda x: x[0], inputs)
         state = jax.tree.map(
@@ -1169,8 +1193,10 @@ def run_stage(
             stage.init(jax.random.fold_in(jax.random.key(int(seeds[0])), STAGES.index(name)), seed_inputs),
         )
     else:
-        state = jax.jit(lambda s, i: init_seeds(stage, name, s, i), compiler_options=runner.RUN_ONCE)(seeds, inputs)
-    run_log = logger.Run(
+        state = jax.jit(lambda s, i: init_seeds(stage, name, s, i), compiler_options=runner.RUN_ONCE, **placed)(
+            parallel.host_array(seeds, by_seed), inputs
+        )
+    run_log = (logger.Run if parallel.is_writer() else logger.Silent)(
         args,
         stage_dir,
         total_steps=stage.num_updates * stage.steps_per_update,
@@ -1205,6 +1231,7 @@ def run_stage(
             runner.over_seeds(chunk, args.num_seeds, (0, None, None, 0)),
             donate_argnums=0,
             compiler_options=wm.compiler_options,
+            **chunk_placed,
         )
     last_checkpoint = done = updates_done or 0
     clock = time.perf_counter()
@@ -1212,34 +1239,39 @@ def run_stage(
         count = min(args.log_every, stage.num_updates - done)
         bounds = (done, done + count) if stage.host else (jnp.int32(done), jnp.int32(done + count))
         state, metrics, health = run_chunk(state, *bounds, inputs)
-        metrics = {k: np.asarray(v)[:, :count] for k, v in jax.device_get(metrics).items()}
+        metrics, health = parallel.to_host((metrics, health))
+        metrics = {k: np.asarray(v)[:, :count] for k, v in metrics.items()}
         now = time.perf_counter()
         rate = count * stage.steps_per_update * args.num_seeds / (now - clock)  # the first chunk includes compiling
         metrics["steps_per_second"], clock = np.full((args.num_seeds, count), rate), now
         update_index = np.arange(done + 1, done + count + 1)
         run_log.log(update_index, update_index * stage.steps_per_update, metrics)
-        runner.check_health(jax.device_get(health), state, metrics, done, args, stage_dir)
+        runner.check_health(health, state, metrics, done, args, stage_dir)
         done += count
         due = done - last_checkpoint >= args.checkpoint_every or done == stage.num_updates
-        if args.save_model and (due or stop.signum is not None):
-            checkpoint.save(stage_dir, done, state)
+        signum = parallel.agree_max(stop.signum or 0)  # any process's signal stops them all here
+        if args.save_model and (due or signum):
+            host_state = parallel.to_host(state)  # every process takes part in gathering a sharded state
+            if parallel.is_writer():
+                checkpoint.save(stage_dir, done, host_state)
             last_checkpoint = done
-        if stop.signum is not None and done < stage.num_updates:
+        if signum and done < stage.num_updates:
             run_log.close()
             saved = f"checkpoint at update {done} written" if args.save_model else "no checkpoint (--no-save-model)"
-            print(
-                f"stopped by {signal.Signals(stop.signum).name} in stage {name!r} after update {done} of "
+            run_log.print(
+                f"stopped by {signal.Signals(signum).name} in stage {name!r} after update {done} of "
                 f"{stage.num_updates}; {saved}. Resume with:\n  {runner.resume_command(stage_dir.parent)}"
             )
-            raise SystemExit(128 + stop.signum)
+            raise SystemExit(128 + signum)
     run_log.progress(done * stage.steps_per_update, final=True)
     run_log.close()
     jax.block_until_ready(state)
     return state, time.perf_counter() - start, traces[0]
 
 
-def load_stage(run_dir: Path, name: str, stage: Stage, seeds: np.ndarray, inputs, wm: WorldModels):
-    """A finished stage's final state from `run_dir/<name>/checkpoints`."""
+def load_stage(run_dir: Path, name: str, stage: Stage, seeds: np.ndarray, inputs, wm: WorldModels, by_seed=None):
+    """A finished stage's final state from `run_dir/<name>/checkpoints`
+    (placed with the sharding `by_seed` on every leaf, if given)."""
     stage_dir = Path(run_dir) / name
     latest = checkpoint.latest_update(stage_dir)
     if latest is None:
@@ -1253,7 +1285,7 @@ def load_stage(run_dir: Path, name: str, stage: Stage, seeds: np.ndarray, inputs
             f"finish it with --resume {run_dir}"
         )
     state, _ = checkpoint.restore(stage_dir, abstract_stage_state(name, stage, seeds, inputs, wm))
-    return jax.device_put(state)
+    return parallel.put(state, None if by_seed is None else jax.tree.map(lambda _: by_seed, state))
 
 
 def load_run(run_dir: str | Path) -> tuple[Args, WorldModels, dict]:
@@ -1293,14 +1325,24 @@ def main(args: Args) -> dict:
             "that finished the earlier stages"
         )
     wm = make_train(args)
+    # --parallel seeds shards every stage's seed axis; data mode is not built for
+    # this file yet (its four stages are separate programs, each with its own batch).
+    layout = parallel.make_layout(
+        args.parallel, args.num_seeds, why_no_data="its four stages are separate programs; not built yet"
+    )
     with runner.open_run_dir(args, "world_models") as run_dir, runner.StopRequest() as stop:
-        logger.write_args_json(run_dir, args, META)
-        return run_pipeline(args, wm, run_dir, stop)
+        if parallel.is_writer():
+            logger.write_args_json(run_dir, args, META)
+        return run_pipeline(args, wm, run_dir, stop, layout)
 
 
-def run_pipeline(args: Args, wm: WorldModels, run_dir: Path, stop: runner.StopRequest) -> dict:
+def run_pipeline(
+    args: Args, wm: WorldModels, run_dir: Path, stop: runner.StopRequest, layout: parallel.Layout | None = None
+) -> dict:
     """`main` inside its locked run directory: the stages, then the evaluation."""
     seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
+    by_seed = None if layout is None else layout.seed_sharding()
+    say = print if parallel.is_writer() else (lambda *_: None)
     outputs: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     traces: dict[str, int] = {}
@@ -1308,17 +1350,19 @@ def run_pipeline(args: Args, wm: WorldModels, run_dir: Path, stop: runner.StopRe
         stage = getattr(wm, name)
         inputs = stage_inputs(name, outputs, wm)
         if name in args.stages:
-            print(f"[world_models] stage {i + 1}/4 {name}: {stage.num_updates} update(s) -> {run_dir / name}")
+            say(f"[world_models] stage {i + 1}/4 {name}: {stage.num_updates} update(s) -> {run_dir / name}")
             outputs[name], seconds[name], traces[name] = run_stage(
-                args, name, stage, run_dir / name, inputs, seeds, wm, stop
+                args, name, stage, run_dir / name, inputs, seeds, wm, stop, layout
             )
         else:  # an earlier stage, finished by --source-run (main refuses a late start without it)
             assert args.source_run is not None
-            outputs[name] = load_stage(Path(args.source_run), name, stage, seeds, inputs, wm)
+            outputs[name] = load_stage(Path(args.source_run), name, stage, seeds, inputs, wm, by_seed)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "stage_seconds": seconds, "chunk_traces": traces}
     if "controller" in args.stages:
         params, mean = outputs["mdn"].params, outputs["controller"].cma.mean
-        keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), len(STAGES)))(seeds)
+        keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s), len(STAGES)))(
+            parallel.host_array(seeds, by_seed)
+        )
         start = time.perf_counter()
         if wm.controller.host:
             returns = np.stack(
@@ -1328,7 +1372,7 @@ def run_pipeline(args: Args, wm: WorldModels, run_dir: Path, stop: runner.StopRe
                 ]
             )
         else:
-            returns = np.asarray(
+            returns = parallel.to_host(
                 jax.jit(jax.vmap(wm.evaluate), compiler_options=wm.compiler_options)(params, mean, keys)
             )
         seconds["evaluate"] = time.perf_counter() - start
@@ -1342,15 +1386,16 @@ def run_pipeline(args: Args, wm: WorldModels, run_dir: Path, stop: runner.StopRe
             mean=float(returns.mean()),
             std=float(returns.std()),
             per_seed=[[float(r.mean()), float(r.std())] for r in returns],
-            best_fitness=np.asarray(outputs["controller"].best_fitness),
+            best_fitness=parallel.to_host(outputs["controller"].best_fitness),
             controller_env=args.controller_env,
         )
-        print(
+        say(
             f"[world_models] {args.controller_env}-trained controller (CMA-ES mean) over {args.eval_episodes} real "
             f"episodes x {args.num_seeds} seed(s): {returns.mean():.1f} +- {returns.std():.1f}"
         )
-    print("[world_models] seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
-    (run_dir / "eval.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+    say("[world_models] seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
+    if parallel.is_writer():
+        (run_dir / "eval.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     return {**summary, "outputs": outputs}
 
 

@@ -118,7 +118,8 @@ EXIT_DIVERGED = 3  # a seed's state became non-finite: the run stopped, its last
 # Stopped by SIGINT / SIGTERM after writing a checkpoint: 128 + the signal number (130, 143).
 
 # Fields that may differ from the saved run when resuming it: how long it runs,
-# how it reports and where it caches compiled code. Any other flag given with
+# how it reports, where it caches compiled code, and how it is laid out over
+# devices and processes (a run checkpointed on 1 device resumes on 8, and back). Any other flag given with
 # --resume that differs from the run's args.json is refused.
 RESUMABLE_FIELDS = (
     "resume",
@@ -130,6 +131,12 @@ RESUMABLE_FIELDS = (
     "compile_cache",
     "save_model",
     "run_root",
+    "parallel",
+    "distributed",
+    "coordinator_address",
+    "num_processes",
+    "process_id",
+    "distributed_timeout",
 )
 
 

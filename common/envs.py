@@ -22,19 +22,41 @@ VecNormalize and PureJaxRL.
 from __future__ import annotations
 
 import difflib
+import functools
 from functools import partial
 from typing import Any, NamedTuple
 
-import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from gymnax.environments import spaces
 
 # MNISTBandit downloads MNIST when it is built; nothing here may download at run time.
 _DOWNLOADS_DATA = ("MNISTBandit-bsuite",)
-ENV_IDS: tuple[str, ...] = tuple(e for e in gymnax.registered_envs if e not in _DOWNLOADS_DATA)
+# gymnax is imported on first use, not with this module: importing it creates
+# arrays, which starts JAX's backend, and a --distributed run must call
+# jax.distributed.initialize before that (jaxzoo.parallel).
+ENV_IDS: tuple[str, ...]  # every gymnax id that builds without a download (module __getattr__)
+
+
+@functools.cache
+def env_ids() -> tuple[str, ...]:
+    import gymnax
+
+    return tuple(e for e in gymnax.registered_envs if e not in _DOWNLOADS_DATA)
+
+
+def __getattr__(name: str):
+    if name == "ENV_IDS":
+        return env_ids()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _spaces():
+    """gymnax's spaces module (imported on first use, see ENV_IDS)."""
+    from gymnax.environments import spaces
+
+    return spaces
 
 
 def did_you_mean(value: str, choices) -> str:
@@ -127,7 +149,7 @@ class FlattenObservation(Wrapper):
 
     def observation_space(self, params):
         space = self._env.observation_space(params)
-        return spaces.Box(-jnp.inf, jnp.inf, (int(np.prod(space.shape)),), jnp.float32)
+        return _spaces().Box(-jnp.inf, jnp.inf, (int(np.prod(space.shape)),), jnp.float32)
 
     @partial(jax.jit, static_argnames=("self",))
     def reset(self, key, params=None):
@@ -267,20 +289,22 @@ def make(
     max_episode_steps: override the env's time limit (e.g. 200 for CartPole-v0);
         reaching it is a truncation, never a termination.
     """
-    if env_id not in ENV_IDS:
-        hint = " (it downloads a dataset when built)" if env_id in _DOWNLOADS_DATA else did_you_mean(env_id, ENV_IDS)
-        raise ValueError(f"unknown env_id {env_id!r}{hint}; valid ids: {', '.join(ENV_IDS)}")
+    if env_id not in env_ids():
+        hint = " (it downloads a dataset when built)" if env_id in _DOWNLOADS_DATA else did_you_mean(env_id, env_ids())
+        raise ValueError(f"unknown env_id {env_id!r}{hint}; valid ids: {', '.join(env_ids())}")
     if (normalize_obs or normalize_reward) and num_envs is None:
         raise ValueError("observation/reward normalisation works on a batch: pass num_envs")
     if num_envs is not None and num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    import gymnax
+
     env, env_params = gymnax.make(env_id, **env_kwargs)
     if max_episode_steps is not None:
         # Of the env's own type: BernoulliBandit's limit is a float, and its
         # observation space selects between the limit and other floats.
         own_type = type(env_params.max_steps_in_episode)
         env_params = env_params.replace(max_steps_in_episode=own_type(max_episode_steps))
-    if isinstance(env.action_space(env_params), spaces.Box):
+    if isinstance(env.action_space(env_params), _spaces().Box):
         env = ClipAction(env)
     env = EpisodeStatistics(env)
     if flatten_obs:
@@ -298,7 +322,7 @@ def spec(env, env_params) -> EnvSpec:
     """Observation shape and action space of a (possibly wrapped) env."""
     obs_space = env.observation_space(env_params)
     action_space = env.action_space(env_params)
-    discrete = isinstance(action_space, spaces.Discrete)
+    discrete = isinstance(action_space, _spaces().Discrete)
     if discrete:
         num_actions, low, high = int(action_space.n), None, None
     else:

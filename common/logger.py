@@ -205,6 +205,31 @@ class Run:
             self.wandb.finish()
 
 
+class Silent:
+    """The logger of a process that does not write the run directory (process
+    > 0 of a distributed run, jaxzoo.parallel): `Run`'s methods, doing nothing."""
+
+    def __init__(self, args: Any, run_dir: str | Path | None = None, **_: Any):
+        self.args = args
+        self.dir = Path(run_dir) if run_dir is not None else Path(args.run_root)
+        self.latest_return = self.latest_sps = math.nan
+
+    def log(self, update: np.ndarray, global_step: np.ndarray, metrics: Mapping[str, np.ndarray]) -> None:
+        pass
+
+    def progress(self, step: int, final: bool = False) -> None:
+        pass
+
+    def print(self, message: str) -> None:
+        pass
+
+    def write_json(self, name: str, payload: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _fmt(value: Any) -> str:
     value = float(value)
     return "nan" if math.isnan(value) else f"{value:.6g}"

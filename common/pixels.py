@@ -25,7 +25,6 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-from gymnax.environments import spaces
 
 from jaxzoo import envs
 
@@ -154,6 +153,8 @@ class PixelObservation(envs.Wrapper):
         self.image_shape = image_shape
 
     def observation_space(self, params):
+        from gymnax.environments import spaces  # on first use (jaxzoo.envs.ENV_IDS says why)
+
         return spaces.Box(0.0, 1.0, self.image_shape, jnp.float32)
 
     @partial(jax.jit, static_argnames=("self",))

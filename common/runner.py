@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxzoo import checkpoint, cli, logger
+from jaxzoo import checkpoint, cli, logger, parallel
 
 
 @dataclass
@@ -230,6 +230,7 @@ def prepare(args, algorithm: str):
     from the saved run), refuse an unusable `--run-root`, and set up JAX's
     compilation cache. Returns the Args to run with."""
     args = cli.resolve_resume(args, algorithm)
+    parallel.initialize_distributed(args)  # before any other JAX call
     if args.resume is None:
         cli.check_run_root(args.run_root)
     elif not Path(args.resume).is_dir():
@@ -240,7 +241,12 @@ def prepare(args, algorithm: str):
 
 def open_run_dir(args, algorithm: str):
     """A context manager over the run's directory, created (new run) or reused
-    (`args.resume`), locked for the run's life, with args.json written."""
+    (`args.resume`), locked for the run's life. In a distributed run only
+    process 0 creates and locks it; the others get its path on resume (to read
+    the checkpoint) and a placeholder path otherwise, and write nothing."""
+    if not parallel.is_writer():
+        placeholder = Path(args.run_root) / "(written by process 0)"
+        return contextlib.nullcontext(Path(args.resume) if args.resume is not None else placeholder)
     run_dir = (
         Path(args.resume)
         if args.resume is not None
@@ -296,6 +302,9 @@ def run(
     num_updates: int,
     steps_per_update: int,
     eval_every: int = 0,
+    data_axes: Callable | None = None,
+    data_size: int | None = None,
+    data_name: str = "",
 ) -> RunResult:
     """Train `num_seeds` seeds for `num_updates` updates and evaluate them.
 
@@ -315,11 +324,22 @@ def run(
     when its chunk's metrics reached the host; a resumed run continues the
     clock from the row of the update it resumes at.
 
+    `args.parallel` lays the run out over the visible devices
+    (jaxzoo.parallel): "seeds" shards the seed axis; "data" shards one run's
+    data, for an algorithm that supports it by passing `data_axes` (the
+    per-seed state -> a prefix tree of the data axis of each part, int, or
+    None for replicated parts), `data_size` (the size of that axis, which the
+    device count must divide) and `data_name` (its name in errors, e.g.
+    "num_envs").
+
     Raises `cli.Diverged` when a seed's state becomes non-finite, and
     SystemExit(128 + signum) after checkpointing when SIGINT / SIGTERM arrive.
     """
     if eval_every < 0:
         raise ValueError(f"eval_every must be >= 0 (0: evaluate only at the end), got {eval_every}")
+    layout = parallel.make_layout(
+        args.parallel, args.num_seeds, data_size if data_axes is not None else None, data_name or "the data axis"
+    )
     with (
         open_run_dir(args, algorithm) as run_dir,
         StopRequest() as stop,
@@ -337,43 +357,92 @@ def run(
             num_updates,
             steps_per_update,
             eval_every,
+            Placement.of(layout, init, args, data_axes),
         )
 
 
+@dataclass
+class Placement:
+    """Where a run's arrays live: its Layout, the sharding of every runner-state
+    leaf and of the seed-stacked outputs (None on one device), and the seeds
+    [num_seeds] as the jitted programs take them."""
+
+    layout: parallel.Layout
+    state: Any
+    outputs: Any
+    seeds: Any
+
+    @staticmethod
+    def of(layout: parallel.Layout, init: Callable, args, data_axes: Callable | None) -> Placement:
+        seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
+        if layout.mesh is None:
+            return Placement(layout, None, None, seeds)
+        per_seed = jax.eval_shape(init, jax.random.key(0))
+        axes = None if data_axes is None else (lambda _: data_axes(per_seed))
+        abstract = jax.eval_shape(lambda s: init_seeds(init, s), seeds)
+        outputs = layout.seed_sharding()
+        return Placement(layout, layout.state_shardings(abstract, axes), outputs, parallel.put(seeds, outputs))
+
+
 def _run_locked(
-    args, algorithm, run_dir, stop, background, init, update, evaluate, num_updates, steps_per_update, eval_every
+    args,
+    algorithm,
+    run_dir,
+    stop,
+    background,
+    init,
+    update,
+    evaluate,
+    num_updates,
+    steps_per_update,
+    eval_every,
+    placement: Placement,
 ) -> RunResult:
     """`run` inside its locked run directory, with signals caught."""
     compile_start = time.perf_counter()
     chunk, trace_count = make_chunk(update, args.log_every)
-    seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
-    # Traced once: its output shapes are the state's, for the chunk and for resuming.
-    init_lowered = jax.jit(lambda seeds: init_seeds(init, seeds), compiler_options=RUN_ONCE).lower(seeds)
-    abstract_state = init_lowered.out_info
-    updates_done = 0
-    clock_before_resume = 0.0  # training-loop seconds already spent on the updates a resumed run keeps
-    if args.resume is not None:
-        state, updates_done = checkpoint.restore(run_dir, abstract_state)
-        if updates_done > num_updates:
-            raise ValueError(
-                f"--resume {run_dir}: its checkpoint is at update {updates_done}, past this run's "
-                f"{num_updates} updates (total_timesteps={args.total_timesteps}); give a larger "
-                "--total-timesteps to continue it"
-            )
-        state = jax.device_put(state)
-        kept = logger.read_metrics(run_dir) if (run_dir / "metrics.csv").exists() else {}
-        if "wall_seconds" in kept and (kept["update"] == updates_done).any():
-            clock_before_resume = float(kept["wall_seconds"][kept["update"] == updates_done].max())
-    else:
-        init_compiled = background.submit(init_lowered.compile)  # XLA compiles `init` while Python traces the chunk
-    chunk_lowered = jax.jit(over_seeds(chunk, args.num_seeds, (0, None, None)), donate_argnums=0).lower(
-        abstract_state, jnp.int32(0), jnp.int32(0)
-    )
+    seeds, sharded = placement.seeds, placement.layout.mesh is not None
+    # In data mode, `parallel.constrain_data` inside the traced programs shards over the mesh.
+    with placement.layout.tracing():
+        # Traced once: its output shapes are the state's, for the chunk and for resuming.
+        init_lowered = jax.jit(
+            lambda seeds: init_seeds(init, seeds),
+            compiler_options=RUN_ONCE,
+            **({"out_shardings": placement.state} if sharded else {}),
+        ).lower(seeds)
+        abstract_state = init_lowered.out_info
+        updates_done = 0
+        clock_before_resume = 0.0  # training-loop seconds already spent on the updates a resumed run keeps
+        if args.resume is not None:
+            state, updates_done = checkpoint.restore(run_dir, abstract_state)
+            if updates_done > num_updates:
+                raise ValueError(
+                    f"--resume {run_dir}: its checkpoint is at update {updates_done}, past this run's "
+                    f"{num_updates} updates (total_timesteps={args.total_timesteps}); give a larger "
+                    "--total-timesteps to continue it"
+                )
+            state = parallel.put(state, placement.state)
+            kept = logger.read_metrics(run_dir) if (run_dir / "metrics.csv").exists() else {}
+            if "wall_seconds" in kept and (kept["update"] == updates_done).any():
+                clock_before_resume = float(kept["wall_seconds"][kept["update"] == updates_done].max())
+        else:
+            init_compiled = background.submit(init_lowered.compile)  # XLA compiles `init` while Python traces the chunk
+        shardings: dict[str, Any] = (
+            {
+                "in_shardings": (placement.state, None, None),
+                "out_shardings": (placement.state, placement.outputs, placement.outputs),
+            }
+            if sharded
+            else {}
+        )
+        chunk_lowered = jax.jit(
+            over_seeds(chunk, args.num_seeds, (0, None, None)), donate_argnums=0, **shardings
+        ).lower(abstract_state, jnp.int32(0), jnp.int32(0))
     if args.resume is None:
         state = init_compiled.result()(seeds)
     run_chunk = chunk_lowered.compile()
     compile_seconds = time.perf_counter() - compile_start
-    run_log = logger.Run(
+    run_log = (logger.Run if parallel.is_writer() else logger.Silent)(
         args,
         run_dir,
         total_steps=num_updates * steps_per_update,
@@ -401,6 +470,7 @@ def _run_locked(
             num_updates,
             steps_per_update,
             eval_every,
+            placement,
         )
     finally:
         run_log.close()
@@ -424,11 +494,12 @@ def _train(
     num_updates,
     steps_per_update,
     eval_every,
+    placement: Placement,
 ):
     """The chunked loop (`_ChunkLoop`), the final evaluation and eval.json."""
     run_log.print(
         f"{args.env_id}: {args.num_seeds} seed(s) x {num_updates} updates x {steps_per_update} steps "
-        f"-> {run_log.dir}"
+        f"on {placement.layout.describe()} -> {run_log.dir}"
         + (f" (resumed at update {updates_done})" if args.resume else "")
         + f"; compiled in {compile_seconds:.1f}s"
     )
@@ -437,7 +508,7 @@ def _train(
         run_dir,
         run_log,
         background,
-        _lower_evaluation(args, evaluate, abstract_state, seeds, eval_every),
+        _lower_evaluation(args, evaluate, abstract_state, placement, eval_every),
         abstract_state,
         clock_before_resume,
         num_updates,
@@ -447,26 +518,35 @@ def _train(
     state = loop.run(state, run_chunk, seeds, stop, updates_done)
     train_seconds = time.perf_counter() - loop.start
     run_log.progress(loop.dispatched * steps_per_update, final=True)
-    if stop.signum is not None and loop.dispatched < num_updates:
-        _exit_stopped(args, run_log, stop.signum, loop.dispatched, loop.last_checkpoint, num_updates)
+    if loop.stop_signum is not None and loop.dispatched < num_updates:
+        _exit_stopped(args, run_log, loop.stop_signum, loop.dispatched, loop.last_checkpoint, num_updates)
     eval_returns = loop.final_evaluation(state, seeds)
     _write_evaluation(args, run_log, eval_returns, loop.history, trace_count(), compile_seconds, train_seconds)
     stacked = {k: np.concatenate(v, axis=1) for k, v in loop.history.items()}
     return RunResult(str(run_log.dir), state, stacked, eval_returns, trace_count(), compile_seconds, train_seconds)
 
 
-def _lower_evaluation(args, evaluate: Callable, abstract_state, seeds: np.ndarray, eval_every: int):
+def _lower_evaluation(args, evaluate: Callable, abstract_state, placement: Placement, eval_every: int):
     """`evaluate` vmapped over seeds and lowered (compiled later, in the
     background). Evaluation keys: fold_in(key(seed), 1), independent of the
     training stream. Run once, it compiles unoptimised; run every `eval_every`
     updates, it runs long enough to be worth optimising (UniZero's search:
     2.6x faster)."""
-    return jax.jit(
-        over_seeds(
-            lambda state, seed: evaluate(state, jax.random.fold_in(jax.random.key(seed), 1)), args.num_seeds, (0, 0)
-        ),
-        compiler_options=None if eval_every else RUN_ONCE,
-    ).lower(abstract_state, seeds)
+    shardings: dict[str, Any] = (
+        {"in_shardings": (placement.state, placement.outputs), "out_shardings": placement.outputs}
+        if placement.layout.mesh is not None
+        else {}
+    )
+    with placement.layout.tracing():
+        return jax.jit(
+            over_seeds(
+                lambda state, seed: evaluate(state, jax.random.fold_in(jax.random.key(seed), 1)),
+                args.num_seeds,
+                (0, 0),
+            ),
+            compiler_options=None if eval_every else RUN_ONCE,
+            **shardings,
+        ).lower(abstract_state, placement.seeds)
 
 
 class _ChunkLoop:
@@ -503,6 +583,7 @@ class _ChunkLoop:
         self.seconds_per_update: float | None = None  # the slowest chunk's, once one is recorded
         self.start = self.last_clock  # the training loop's start (reset by `run`)
         self.dispatched = self.last_checkpoint = 0  # updates dispatched / checkpointed so far
+        self.stop_signum: int | None = None  # the signal that stopped the loop (any process's)
         self.eval_returns: np.ndarray | None = None  # [num_seeds, eval_episodes] of the final state, if the loop ran it
 
     def run(self, state, run_chunk: Callable, seeds: np.ndarray, stop: StopRequest, updates_done: int):
@@ -517,7 +598,7 @@ class _ChunkLoop:
         in_flight: tuple | None = None
         stop_at = num_updates  # the update the loop stops after: earlier when a signal arrives
         while self.dispatched < stop_at or in_flight is not None:
-            if stop.signum is not None:
+            if self.stop_asked(stop):
                 stop_at = min(stop_at, self.dispatched)  # dispatch nothing more
             previous, in_flight = in_flight, None
             if self.dispatched < stop_at:
@@ -531,7 +612,7 @@ class _ChunkLoop:
                 in_flight = (metrics, health, first, count)
             if previous is not None:
                 self.record(*previous)  # waits for the previous chunk only; the one just dispatched runs on
-            if stop.signum is not None:
+            if self.stop_asked(stop):
                 stop_at = self.dispatched
             if (
                 in_flight is not None
@@ -547,7 +628,9 @@ class _ChunkLoop:
                 if in_flight is not None:
                     self.record(*in_flight)
                     in_flight = None
-                checkpoint.save(self.run_log.dir, self.dispatched, state)
+                host_state = parallel.to_host(state)  # every process takes part in gathering a sharded state
+                if parallel.is_writer():
+                    checkpoint.save(self.run_log.dir, self.dispatched, host_state)
                 self.last_checkpoint = self.dispatched
             if in_flight is not None and (self.seconds_per_update is None or self.paced()):
                 # The first chunk is timed before the next one is sized; a paced
@@ -555,6 +638,12 @@ class _ChunkLoop:
                 self.record(*in_flight)
                 in_flight = None
         return state
+
+    def stop_asked(self, stop: StopRequest) -> bool:
+        """Whether SIGINT / SIGTERM has arrived (at any process of a
+        distributed run: they agree, so all stop at the same chunk boundary)."""
+        self.stop_signum = parallel.agree_max(stop.signum or 0) or None
+        return self.stop_signum is not None
 
     def paced(self) -> bool:
         """Whether chunks are cut to about CHUNK_SECONDS (an algorithm slow
@@ -582,20 +671,21 @@ class _ChunkLoop:
         were known to be done (the loop blocked on them); without it, the
         moment the metrics arrive is the chunk's end."""
         args, num_seeds = self.args, self.args.num_seeds
-        metrics, health = jax.device_get((metrics, health))
+        metrics, health = parallel.to_host((metrics, health))
         metrics = {k: v[:, :count] for k, v in metrics.items()}  # drop skipped updates
         now = time.perf_counter() if finished_at is None else finished_at
         elapsed, self.last_clock = now - self.last_clock, now
         # The slowest chunk so far sets the pace: with pipelining, a chunk's
         # measured time can be shortened by the overlap with the one before it.
-        self.seconds_per_update = max(self.seconds_per_update or 0.0, elapsed / count)
+        # The processes of a distributed run agree on it (the slowest's), so they size chunks alike.
+        self.seconds_per_update = parallel.agree_max(max(self.seconds_per_update or 0.0, elapsed / count))
         update_index = np.arange(first_update + 1, first_update + count + 1)
         metrics["steps_per_second"] = np.full((num_seeds, count), count * self.steps_per_update * num_seeds / elapsed)
         metrics["wall_seconds"] = np.full((num_seeds, count), self.clock_before_resume + now - self.start)
         if self.eval_every:
             metrics["eval_return"] = np.full((num_seeds, count), np.nan)
             if evaluation is not None:
-                metrics["eval_return"][:, -1] = np.asarray(evaluation).mean(axis=1)
+                metrics["eval_return"][:, -1] = parallel.to_host(evaluation).mean(axis=1)
         self.run_log.log(update_index, update_index * self.steps_per_update, metrics)
         for k, v in metrics.items():
             self.history.setdefault(k, []).append(v)
@@ -616,7 +706,7 @@ class _ChunkLoop:
         jax.block_until_ready(evaluation)  # before the next chunk takes (donates) the state
         finished_at = time.perf_counter()
         if self.dispatched == self.num_updates:
-            self.eval_returns = np.asarray(evaluation)
+            self.eval_returns = parallel.to_host(evaluation)
         return evaluation, finished_at
 
     def final_evaluation(self, state, seeds: np.ndarray) -> np.ndarray:
@@ -625,7 +715,7 @@ class _ChunkLoop:
         eval_returns = self.eval_returns
         if eval_returns is None:
             self.start_eval_compile()  # a no-op unless resumed at the end (no chunk ran)
-            eval_returns = np.asarray(self.compiled_eval.result()(state, seeds))
+            eval_returns = parallel.to_host(self.compiled_eval.result()(state, seeds))
         if not np.isfinite(eval_returns).all():
             raise cli.Diverged(
                 f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # Modules whose tests share no fixture: their tests go to whichever worker is free.
-SPREAD_MODULES = ("test_notebooks", "test_fault_injection", "test_registry")
+SPREAD_MODULES = ("test_notebooks", "test_fault_injection", "test_registry", "test_scaling")
 
 
 def pytest_collection_modifyitems(items):

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 ALGOS = sorted(p for p in (ROOT / "algos").glob("*.py") if p.name != "__init__.py")
-COMMON_LOOP = (ROOT / "common" / "runner.py").read_text() + (ROOT / "common" / "logger.py").read_text()
+COMMON_LOOP = "".join((ROOT / "common" / name).read_text() for name in ("runner.py", "logger.py", "parallel.py"))
 
 
 def args_fields(tree: ast.Module) -> tuple[list[str], ast.ClassDef]:

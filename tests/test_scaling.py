@@ -1,0 +1,350 @@
+"""Many devices, many hosts (jaxzoo.parallel, docs/scaling.md), proven on the CPU.
+
+JAX fixes its device count when it starts, so every test runs a child process
+(this file run as a script) with `--xla_force_host_platform_device_count`, or
+two children joined by `jax.distributed` with CPU collectives (gloo). The
+children compare runs of the algorithms' tiny presets:
+
+- seeds mode on 4 devices against the same seeds on 1 device, every file;
+- data mode on 4 devices against 1 device with the same total batch, every
+  file that has a data mode (the others refuse it, tested);
+- 2 processes x 2 devices against 1 process x 4 devices, with a SIGTERM that
+  stops both processes at one chunk boundary, a resume by both, and one
+  metrics.csv written.
+
+The sharded programs differ from the single-device ones only in float
+reassociation (a per-device program of 1 seed vs one of 4, partial sums plus an
+all-reduce): the first two updates agree to 1e-5, and later updates may drift
+by what that noise grows to (docs/scaling.md gives the measured differences).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+ALGOS = ["mpo", "planet", "ppo", "rainbow", "unizero", "unizero_ppo", "world_models"]
+CLOCK = ("steps_per_second", "wall_seconds")
+
+
+# --------------------------------------------------------------------------- #
+# The child processes
+# --------------------------------------------------------------------------- #
+def tiny_args(algo: str, run_root: str, **overrides):
+    from jaxzoo import cli
+
+    module = importlib.import_module(f"jaxzoo.algos.{algo}")
+    args = cli.preset_args(module.Args, algo, "tiny")
+    return module, dataclasses.replace(args, run_root=run_root, **overrides)
+
+
+def metrics_of(result) -> dict[str, dict[str, list]]:
+    """Every metrics.csv of a run (one per stage for world_models) as lists."""
+    from jaxzoo import logger
+
+    run_dir = Path(result["run_dir"] if isinstance(result, dict) else result.run_dir)
+    files = sorted(run_dir.rglob("metrics.csv"))
+    return {
+        str(p.parent.relative_to(run_dir)): {k: v.tolist() for k, v in logger.read_metrics(p.parent).items()}
+        for p in files
+    }
+
+
+def evaluation_of(result) -> list:
+    return np.asarray(result["returns"] if isinstance(result, dict) else result.eval_returns).tolist()
+
+
+def child_compare(algo: str, modes: list[str], out: str, overrides: dict) -> None:
+    """Run the tiny preset with --parallel off and with each of `modes`; write
+    every run's metrics and evaluation to `out` (JSON)."""
+    runs = {}
+    for parallel in ("off", *modes):
+        module, args = tiny_args(algo, str(Path(out).parent / f"runs-{parallel}"), parallel=parallel, **overrides)
+        result = module.main(args)
+        runs[parallel] = {"metrics": metrics_of(result), "eval": evaluation_of(result)}
+    Path(out).write_text(json.dumps(runs))
+
+
+def child_distributed(process_id: int, port: int, out: str, stop_after_first_log: bool, resume: str | None) -> None:
+    """One of two processes of a PPO run over 2 x 2 devices, seeds mode.
+    Process 0 may send itself SIGTERM after logging its first chunk."""
+    from jaxzoo import logger
+
+    module, args = tiny_args(
+        "ppo",
+        str(Path(out).parent / "runs-distributed"),
+        num_seeds=4,
+        log_every=1,
+        checkpoint_every=1,
+        parallel="seeds",
+        distributed=True,
+        coordinator_address=f"localhost:{port}",
+        num_processes=2,
+        process_id=process_id,
+        distributed_timeout=60,
+    )
+    if resume is not None:
+        args = module.Args(
+            resume=resume,
+            distributed=True,
+            coordinator_address=f"localhost:{port}",
+            num_processes=2,
+            process_id=process_id,
+        )
+    if stop_after_first_log and process_id == 0:
+        original = logger.Run.log
+
+        def log_then_stop(self, update, global_step, metrics):
+            original(self, update, global_step, metrics)
+            os.kill(os.getpid(), signal.SIGTERM)
+            logger.Run.log = original
+
+        logger.Run.log = log_then_stop
+    result = module.main(args)
+    if process_id == 0:
+        Path(out).write_text(json.dumps({"metrics": metrics_of(result), "eval": evaluation_of(result)}))
+
+
+def child_one_process(out: str) -> None:
+    module, args = tiny_args(
+        "ppo", str(Path(out).parent / "runs-one"), num_seeds=4, log_every=1, checkpoint_every=1, parallel="seeds"
+    )
+    result = module.main(args)
+    Path(out).write_text(json.dumps({"metrics": metrics_of(result), "eval": evaluation_of(result)}))
+
+
+# --------------------------------------------------------------------------- #
+# The tests
+# --------------------------------------------------------------------------- #
+def child_env(devices: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    return env
+
+
+def run_child(devices: int, *argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, __file__, *argv],
+        env=child_env(devices),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def assert_close(one: dict, sharded: dict, label: str) -> None:
+    """The first two updates agree to 1e-5; every later value within the drift
+    float reassociation grows to over a tiny run (rtol 0.1, atol 1e-2: a
+    replay sample or a CMA-ES ranking that flips on a last-bit difference
+    changes a loss by percents; a wrong layout differs from the first update)."""
+    assert one.keys() == sharded.keys(), label
+    for stage in one:
+        a, b = one[stage], sharded[stage]
+        assert a.keys() == b.keys() and a["update"] == b["update"], (label, stage)
+        early = np.asarray(a["update"]) <= 2
+        for name in a:
+            if name in CLOCK:
+                continue
+            x, y = np.asarray(a[name], float), np.asarray(b[name], float)
+            np.testing.assert_allclose(
+                y[early], x[early], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"{label} {stage} {name}"
+            )
+            np.testing.assert_allclose(y, x, rtol=0.1, atol=1e-2, equal_nan=True, err_msg=f"{label} {stage} {name}")
+
+
+def data_mode_algos() -> tuple[list[str], list[str]]:
+    """(files with a data mode, files that refuse it), read from their `main`."""
+    supported, refused = [], []
+    for algo in ALGOS:
+        source = (ROOT / "algos" / f"{algo}.py").read_text()
+        (supported if "data_axes=" in source else refused).append(algo)
+    return supported, refused
+
+
+# 4 seeds and 4 envs: the 4 devices divide the seed axis and the data axis.
+OVERRIDES = {
+    "world_models": {"num_seeds": 4},
+    "planet": {"num_seeds": 4},  # its data axis is the tiny preset's batch_size, 4
+    "mpo": {"num_seeds": 4, "num_envs": 4, "train_frequency": 4},  # env steps per learner step: a multiple of num_envs
+    "unizero": {"num_seeds": 4, "num_envs": 4, "buffer_size": 160, "total_timesteps": 160},
+}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_seeds_and_data_mode_on_4_devices_match_1_device(algo, tmp_path):
+    """Every file in seeds mode, and the files with a data mode in data mode
+    (the same 4 seeds, vmapped, with their environments split over devices)."""
+    out = tmp_path / "runs.json"
+    modes = ["seeds", "data"] if algo in data_mode_algos()[0] else ["seeds"]
+    overrides = OVERRIDES.get(algo, {"num_seeds": 4, "num_envs": 4})
+    child = run_child(4, "compare", algo, ",".join(modes), str(out), json.dumps(overrides))
+    assert child.returncode == 0, child.stderr[-3000:]
+    runs = json.loads(out.read_text())
+    for mode in modes:
+        if algo != "world_models":  # its stages print their own lines
+            assert f"{mode} sharded over 4 cpu devices" in child.stdout, child.stdout[-2000:]
+        assert_close(runs["off"]["metrics"], runs[mode]["metrics"], f"{algo} {mode}")
+        np.testing.assert_allclose(runs[mode]["eval"], runs["off"]["eval"], rtol=0.1, atol=1e-2)
+
+
+@pytest.mark.parametrize("algo", data_mode_algos()[1])
+def test_data_mode_is_refused_with_a_reason_where_unsupported(algo, tmp_path):
+    child = run_child(
+        2, "cli", algo, "--preset", "tiny", "--parallel", "data", "--run-root", str(tmp_path), timeout=300
+    )
+    assert child.returncode == 2, child.stderr[-2000:]
+    assert "--parallel data is not supported" in child.stderr and "accepted: seeds" in child.stderr
+
+
+def test_bad_layouts_fail_at_once_naming_the_value(tmp_path):
+    child = run_child(
+        4,
+        "cli",
+        "ppo",
+        "--preset",
+        "tiny",
+        "--parallel",
+        "seeds",
+        "--num-seeds",
+        "3",
+        "--run-root",
+        str(tmp_path),
+        timeout=300,
+    )
+    assert child.returncode == 2 and "num_seeds=3 is not a multiple of the 4" in child.stderr, child.stderr[-2000:]
+    child = run_child(
+        4,
+        "cli",
+        "ppo",
+        "--preset",
+        "tiny",
+        "--parallel",
+        "data",
+        "--num-envs",
+        "6",
+        "--run-root",
+        str(tmp_path),
+        timeout=300,
+    )
+    assert child.returncode == 2 and "num_envs = 6 is not a multiple of the 4" in child.stderr, child.stderr[-2000:]
+    assert not list(tmp_path.iterdir())  # refused before any run directory was made
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_coordinator_fails_in_seconds_not_a_hang(tmp_path):
+    child = run_child(
+        1,
+        "cli",
+        "ppo",
+        "--preset",
+        "tiny",
+        "--distributed",
+        "--coordinator-address",
+        f"localhost:{free_port()}",
+        "--num-processes",
+        "2",
+        "--process-id",
+        "1",
+        "--distributed-timeout",
+        "5",
+        "--run-root",
+        str(tmp_path),
+        timeout=120,
+    )
+    assert child.returncode == 2, child.stderr[-2000:]
+    assert "did not answer within distributed_timeout=5s" in child.stderr
+
+
+def start_pair(port: int, out: Path, *flags: str) -> list[subprocess.Popen]:
+    env = child_env(2)
+    return [
+        subprocess.Popen(
+            [sys.executable, __file__, "distributed", str(i), str(port), str(out), *flags],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for i in range(2)
+    ]
+
+
+def finish(processes: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
+    results = []
+    for p in processes:
+        try:
+            stdout, stderr = p.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            for q in processes:
+                q.kill()
+            raise
+        results.append((p.returncode, stdout, stderr))
+    return results
+
+
+def test_two_processes_of_two_devices_match_one_process_of_four_and_resume_together(tmp_path):
+    one = tmp_path / "one" / "runs.json"
+    one.parent.mkdir()
+    child = run_child(4, "one", str(one))
+    assert child.returncode == 0, child.stderr[-3000:]
+
+    out = tmp_path / "two" / "runs.json"
+    out.parent.mkdir()
+    # Process 0 gets SIGTERM after its first chunk: both stop at one boundary with a checkpoint.
+    stopped = finish(start_pair(free_port(), out, "--stop"))
+    assert [code for code, _, _ in stopped] == [143, 143], [e[-2000:] for _, _, e in stopped]
+    (run_dir,) = (tmp_path / "two" / "runs-distributed").iterdir()  # process 1 wrote nothing of its own
+    assert "stopped by SIGTERM" in stopped[0][1] and "stopped" not in stopped[1][1]
+    resumed = finish(start_pair(free_port(), out, "--resume", str(run_dir)))
+    assert [code for code, _, _ in resumed] == [0, 0], [e[-2000:] for _, _, e in resumed]
+    assert "sharded over 4 cpu devices on 2 processes" in resumed[0][1]
+    assert list((tmp_path / "two" / "runs-distributed").iterdir()) == [run_dir]
+
+    a, b = json.loads(one.read_text()), json.loads(out.read_text())
+    rows = b["metrics"]["."]
+    assert sorted(zip(rows["update"], rows["seed_index"])) == sorted(
+        zip(a["metrics"]["."]["update"], a["metrics"]["."]["seed_index"])
+    )  # every update of every seed logged once across the stop and resume
+    assert_close(a["metrics"], b["metrics"], "2 processes")
+    np.testing.assert_allclose(b["eval"], a["eval"], rtol=0.1, atol=1e-2)
+
+
+if __name__ == "__main__":
+    role = sys.argv[1]
+    if role == "compare":
+        child_compare(sys.argv[2], sys.argv[3].split(","), sys.argv[4], json.loads(sys.argv[5]))
+    elif role == "distributed":
+        rest = sys.argv[5:]
+        child_distributed(
+            int(sys.argv[2]),
+            int(sys.argv[3]),
+            sys.argv[4],
+            "--stop" in rest,
+            rest[rest.index("--resume") + 1] if "--resume" in rest else None,
+        )
+    elif role == "one":
+        child_one_process(sys.argv[2])
+    elif role == "cli":
+        from jaxzoo import cli
+
+        module = importlib.import_module(f"jaxzoo.algos.{sys.argv[2]}")
+        with cli.user_errors():
+            module.main(cli.parse(module.Args, sys.argv[2], sys.argv[3:]))
