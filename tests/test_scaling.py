@@ -14,7 +14,7 @@ children compare runs of the algorithms' tiny presets:
 
 The sharded programs differ from the single-device ones only in float
 reassociation (a per-device program of 1 seed vs one of 4, partial sums plus an
-all-reduce): the first two updates agree to 1e-5, and later updates may drift
+all-reduce): the first two updates agree to 1e-4, and later updates may drift
 by what that noise grows to (docs/scaling.md gives the measured differences).
 """
 
@@ -145,7 +145,7 @@ def run_child(devices: int, *argv: str, timeout: float = 900) -> subprocess.Comp
 
 
 def assert_close(one: dict, sharded: dict, label: str) -> None:
-    """The first two updates agree to 1e-5; every later value within the drift
+    """The first two updates agree to 1e-4; every later value within the drift
     float reassociation grows to over a tiny run (rtol 0.1, atol 1e-2: a
     replay sample or a CMA-ES ranking that flips on a last-bit difference
     changes a loss by percents; a wrong layout differs from the first update)."""
@@ -159,7 +159,7 @@ def assert_close(one: dict, sharded: dict, label: str) -> None:
                 continue
             x, y = np.asarray(a[name], float), np.asarray(b[name], float)
             np.testing.assert_allclose(
-                y[early], x[early], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"{label} {stage} {name}"
+                y[early], x[early], rtol=1e-4, atol=1e-5, equal_nan=True, err_msg=f"{label} {stage} {name}"
             )
             np.testing.assert_allclose(y, x, rtol=0.1, atol=1e-2, equal_nan=True, err_msg=f"{label} {stage} {name}")
 
