@@ -29,7 +29,9 @@ hidden.
 
 The `args` dataclass must have the shared fields: exp_name, seed, num_seeds,
 env_id, log_every, track, tensorboard, save_model, checkpoint_every, resume,
-run_root, eval_episodes.
+run_root, eval_episodes, and the layout fields of jaxzoo.parallel: parallel,
+distributed, coordinator_address, num_processes, process_id,
+distributed_timeout.
 """
 
 from __future__ import annotations

@@ -34,6 +34,12 @@ class ToyArgs:
     run_root: str = "runs"
     eval_episodes: int = 3
     compile_cache: bool = False
+    parallel: str = "auto"
+    distributed: bool = False
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    distributed_timeout: int = 120
     blow_up_at: int = 0
     """update after which seed index 1's weight becomes NaN (0: never)"""
 

@@ -27,6 +27,12 @@ class ToyArgs:
     resume: str | None = None
     run_root: str = "runs"
     eval_episodes: int = 3
+    parallel: str = "auto"
+    distributed: bool = False
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    distributed_timeout: int = 120
 
 
 def toy_algorithm():

@@ -72,7 +72,8 @@ def child_compare(algo: str, modes: list[str], out: str, overrides: dict) -> Non
     for parallel in ("off", *modes):
         module, args = tiny_args(algo, str(Path(out).parent / f"runs-{parallel}"), parallel=parallel, **overrides)
         result = module.main(args)
-        runs[parallel] = {"metrics": metrics_of(result), "eval": evaluation_of(result)}
+        traces = result["chunk_traces"] if isinstance(result, dict) else {"": result.chunk_traces}
+        runs[parallel] = {"metrics": metrics_of(result), "eval": evaluation_of(result), "traces": traces}
     Path(out).write_text(json.dumps(runs))
 
 
@@ -195,6 +196,7 @@ def test_seeds_and_data_mode_on_4_devices_match_1_device(algo, tmp_path):
     for mode in modes:
         if algo != "world_models":  # its stages print their own lines
             assert f"{mode} sharded over 4 cpu devices" in child.stdout, child.stdout[-2000:]
+        assert set(runs[mode]["traces"].values()) <= {0, 1}, runs[mode]["traces"]  # one compile per program
         assert_close(runs["off"]["metrics"], runs[mode]["metrics"], f"{algo} {mode}")
         np.testing.assert_allclose(runs[mode]["eval"], runs["off"]["eval"], rtol=0.1, atol=1e-2)
 
@@ -240,6 +242,22 @@ def test_bad_layouts_fail_at_once_naming_the_value(tmp_path):
     )
     assert child.returncode == 2 and "num_envs = 6 is not a multiple of the 4" in child.stderr, child.stderr[-2000:]
     assert not list(tmp_path.iterdir())  # refused before any run directory was made
+
+
+def test_a_process_id_outside_the_process_count_is_refused_before_joining():
+    from types import SimpleNamespace
+
+    from jaxzoo import parallel
+
+    args = SimpleNamespace(
+        distributed=True, coordinator_address="localhost:1234", num_processes=2, process_id=2, distributed_timeout=5
+    )
+    with pytest.raises(ValueError, match=r"process_id=2 is outside 0 \.\.\. num_processes - 1 = 1"):
+        parallel.initialize_distributed(args)
+    with pytest.raises(ValueError, match="needs --num-processes and --process-id too"):
+        parallel.initialize_distributed(SimpleNamespace(**{**vars(args), "process_id": None}))
+    with pytest.raises(ValueError, match="--coordinator-address needs --distributed"):
+        parallel.initialize_distributed(SimpleNamespace(**{**vars(args), "distributed": False}))
 
 
 def free_port() -> int:
