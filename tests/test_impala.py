@@ -1,0 +1,211 @@
+"""algos/impala.py end to end: smoke, policy lag, determinism, one compile, resume, bad input."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script
+
+from jaxzoo import checkpoint, cli, logger, runner
+from jaxzoo.algos import impala
+
+
+def tiny(tmp_path, **overrides) -> impala.Args:
+    args = cli.preset_args(impala.Args, "impala", "tiny")
+    return dataclasses.replace(args, run_root=str(tmp_path), **overrides)
+
+
+@pytest.fixture(scope="module")
+def two_seed_run(tmp_path_factory):
+    args = tiny(tmp_path_factory.mktemp("runs"), num_seeds=2)
+    return args, impala.main(args)
+
+
+def test_smoke_two_seeds(two_seed_run):
+    args, result = two_seed_run
+    assert result.chunk_traces == 1  # one compile for the whole run
+    for name in ("policy_loss", "value_loss", "entropy", "behaviour_kl", "rho_mean", "rho_clip_fraction",
+                 "vtrace_target_mean", "explained_variance", "learning_rate", "steps_per_second"):
+        assert result.metrics[name].shape == (2, args.num_updates), name
+        assert np.isfinite(result.metrics[name]).all(), name
+    assert np.isfinite(result.metrics["episode_return"]).any()
+    assert result.eval_returns.shape == (2, args.eval_episodes)
+    columns = logger.read_metrics(result.run_dir)
+    assert len(columns["update"]) == 2 * args.num_updates
+    assert columns["global_step"].max() == args.num_updates * args.batch_size
+    saved = json.loads(open(f"{result.run_dir}/args.json").read())
+    assert saved["num_seeds"] == 2 and saved["policy_lag"] == args.policy_lag
+
+
+def test_checkpoint_reloads_into_the_state(two_seed_run):
+    args, result = two_seed_run
+    assert checkpoint.latest_update(result.run_dir) == args.num_updates
+    template = jax.eval_shape(jax.vmap(impala.make_train(args).init), jax.random.split(jax.random.key(0), 2))
+    restored, _ = checkpoint.restore(result.run_dir, template)
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(result.state)):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_same_seed_gives_identical_metrics_and_state(two_seed_run, tmp_path):
+    args, first = two_seed_run
+    second = impala.main(dataclasses.replace(args, run_root=str(tmp_path)))
+    for name, values in first.metrics.items():
+        if name not in runner.CLOCK_COLUMNS:
+            np.testing.assert_array_equal(values, second.metrics[name], err_msg=name)
+    for a, b in zip(jax.tree.leaves(first.state.params), jax.tree.leaves(second.state.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_killed_and_resumed_run_matches_uninterrupted(two_seed_run, tmp_path, monkeypatch):
+    # 16 updates, chunks of 4, a checkpoint every 8; the actors' parameter ring is in the state.
+    args, full = two_seed_run
+    assert_killed_run_resumes_exactly(impala, dataclasses.replace(args, run_root=str(tmp_path)), 12, 8, monkeypatch,
+                                      full)
+
+
+def test_the_actors_act_with_parameters_policy_lag_updates_old(tmp_path):
+    """Update u rolls out with the learner's parameters after update u - k
+    (the initial ones while u < k): the ring in the runner state is a real
+    queue of past parameters, and the data is off-policy by that much."""
+    lag = 3
+    algo = impala.make_train(tiny(tmp_path, policy_lag=lag, learning_rate=0.01))
+    update = jax.jit(algo.update)
+    state = algo.init(jax.random.key(0))
+    history = [state.params]  # history[u]: the learner's parameters after u updates
+    for u in range(6):
+        slot = int(state.actor_slot)
+        acting = jax.tree.map(lambda ring: ring[slot], state.actor_params)
+        expected = history[max(u - lag, 0)]
+        for a, b in zip(jax.tree.leaves(acting), jax.tree.leaves(expected)):
+            np.testing.assert_array_equal(a, b)
+        state, metrics = update(state)
+        history.append(state.params)
+        if u == 0:
+            assert metrics["behaviour_kl"] < 1e-6  # the first rollout is on-policy
+    assert metrics["behaviour_kl"] > 1e-5  # three updates of lag at a large learning rate: off-policy
+    # Lag 0 has no ring: the actors act with the learner's parameters.
+    state0 = impala.make_train(tiny(tmp_path, policy_lag=0)).init(jax.random.key(0))
+    assert state0.actor_params is None
+
+
+def test_appo_has_a_target_network_copied_every_target_copy_period_gradient_steps(tmp_path):
+    algo = impala.make_train(tiny(tmp_path, appo=True, target_copy_period=3, num_minibatches=2,
+                                  learning_rate=0.01))
+    update = jax.jit(algo.update)
+    state = algo.init(jax.random.key(0))
+    previous_target = state.target_params
+    for _ in range(3):  # 2 gradient steps per update: copies after steps 3 and 6
+        state, metrics = update(state)
+        same = all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.target_params),
+                                                        jax.tree.leaves(state.params)))
+        assert same == (int(state.gradient_steps) % 3 == 0), int(state.gradient_steps)
+        if not same and int(state.gradient_steps) < 3:
+            assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.target_params),
+                                                            jax.tree.leaves(previous_target)))
+        assert np.isfinite(metrics["target_kl"]) and np.isfinite(metrics["clip_fraction"])
+    # An EMA target moves a fraction of the way after every step.
+    algo = impala.make_train(tiny(tmp_path, appo=True, target_update_rate=0.5, learning_rate=0.01))
+    state = algo.init(jax.random.key(0))
+    new, _ = jax.jit(algo.update)(state)
+    for t0, t1, p1 in zip(*(jax.tree.leaves(x) for x in (state.target_params, new.target_params, new.params))):
+        np.testing.assert_allclose(t1, 0.5 * t0 + 0.5 * p1, rtol=1e-6, atol=1e-7)
+
+
+def test_appo_kl_penalty_adapts_by_rllibs_rule(tmp_path):
+    args = tiny(tmp_path, appo=True, kl_coef=0.2, target_copy_period=4, num_minibatches=2, learning_rate=0.01,
+                log_every=8, save_model=False)
+    result = impala.main(args)
+    coef, kl = result.metrics["kl_coef"][0], result.metrics["target_kl"][0]
+    assert (kl > 0).any()
+    expected = np.where(kl > 2 * args.kl_target, coef * 1.5, np.where(kl < 0.5 * args.kl_target, coef * 0.5, coef))
+    np.testing.assert_allclose(coef[1:], expected[:-1], rtol=1e-6)
+
+
+def test_max_grad_norm_zero_turns_clipping_off(tmp_path):
+    """0 is no clipping (the same update as an unreachable clip), not a clip to 0."""
+    after = {}
+    for max_grad_norm in (0.0, 1e9):
+        algo = impala.make_train(tiny(tmp_path, max_grad_norm=max_grad_norm))
+        state = algo.init(jax.random.key(0))
+        after[max_grad_norm] = (state.params, jax.jit(algo.update)(state)[0].params)
+    before, unclipped = after[0.0]
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(unclipped)))
+    for a, b in zip(jax.tree.leaves(unclipped), jax.tree.leaves(after[1e9][1])):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_bad_values_name_the_field_the_value_and_what_is_accepted():
+    for overrides, message in [
+        (dict(num_envs=6, num_minibatches=4), r"num_envs=6 does not divide into num_minibatches=4 .*accepted"),
+        (dict(rho_bar=0.0), r"rho_bar=0.0 is out of range; accepted: > 0"),
+        (dict(vtrace_lambda=1.5), r"vtrace_lambda=1.5 is out of range; accepted: in \[0, 1\]"),
+        (dict(policy_lag=-1), r"policy_lag=-1 is out of range; accepted: >= 0"),
+        (dict(kl_coef=0.2), r"kl_coef=0.2 .*accepted: kl_coef=0 without --appo, or --appo"),
+        (dict(total_timesteps=100), r"total_timesteps=100 is less than one batch .*accepted: total_timesteps >= 512"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            impala.Args(**overrides)
+
+
+def test_unknown_env_id(tmp_path):
+    with pytest.raises(ValueError, match="unknown env_id 'Pong-v0'"):
+        impala.main(tiny(tmp_path, env_id="Pong-v0"))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(env_id="Pendulum-v1"),  # continuous, Gaussian
+        dict(env_id="Breakout-MinAtar", hidden_sizes=(32,)),  # CNN torso
+        dict(appo=True, policy_lag=0, update_epochs=2, num_minibatches=2, kl_coef=0.2, shared_torso=True,
+             activation="relu", vtrace_lambda=0.9),
+    ],
+    ids=["pendulum", "minatar-cnn", "appo-options"],
+)
+def test_variants_run(tmp_path, overrides):
+    result = impala.main(tiny(tmp_path, total_timesteps=512, log_every=2, **overrides))
+    assert np.isfinite(result.metrics["policy_loss"]).all()
+    assert np.isfinite(result.eval_returns).all()
+
+
+def test_cli_tiny_run(tmp_path):
+    out = run_copied_script("impala", ["--preset", "tiny", "--appo", "--run-root", str(tmp_path)])
+    assert out.returncode == 0, out.stderr
+    assert "greedy evaluation" in out.stdout and "steps/s" in out.stdout
+    (run_dir,) = tmp_path.iterdir()
+    assert (run_dir / "metrics.csv").exists() and (run_dir / "eval.json").exists()
+    assert json.loads((run_dir / "args.json").read_text())["appo"] is True
+
+
+def test_a_hyperparameter_sweep_reproduces_the_unswept_run(tmp_path):
+    """vmap of `train` over a 2-member sweep of the learning rate on the tiny
+    preset: the member at the args' value is the plain `train(key)`; a 20x
+    larger rate is a real effect (the policy leaves uniform sooner)."""
+    args = tiny(tmp_path)
+    algo = impala.make_train(args)
+    base = impala.Hyperparams.from_args(args)
+    rates = np.array([args.learning_rate, 20 * args.learning_rate], np.float32)
+    sweep = jax.tree.map(lambda x: np.stack([x, x]), base).replace(learning_rate=rates)
+    key = jax.random.key(0)
+    _, swept = jax.jit(jax.vmap(algo.train, in_axes=(None, 0)))(key, sweep)
+    _, plain = jax.jit(algo.train)(key)
+    for name in ("episode_return", "policy_loss", "value_loss", "entropy", "behaviour_kl"):
+        np.testing.assert_allclose(swept[name][0], plain[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    assert swept["entropy"][1, -1] < plain["entropy"][-1] - 0.05, (swept["entropy"][:, -1], plain["entropy"][-1])
+
+
+def test_documented_presets_exist():
+    """The presets docs/impala.md and benchmarks/impala.sh use."""
+    import tomllib
+
+    presets = tomllib.loads((ROOT / "configs" / "impala.toml").read_text())
+    for name in ("cartpole", "rllib-impala", "rllib-appo", "tiny"):
+        assert name in presets, name
+        cli.preset_args(impala.Args, "impala", name)  # every key is an Args field
+    # The cartpole preset is the file's defaults, spelled out.
+    assert cli.preset_args(impala.Args, "impala", "cartpole") == impala.Args()
+    assert cli.preset_args(impala.Args, "impala", "rllib-appo").max_grad_norm == 30.0  # the notebook's grad_clip
