@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-ALGOS = ["ppo", "rainbow", "mpo", "world_models", "planet", "unizero", "unizero_ppo"]
+ALGOS = ["ppo", "rainbow", "mpo", "world_models", "planet", "unizero", "unizero_ppo", "impala"]
 LEARNING_RATES = {"mpo": ("policy-lr", "critic-lr"), "world_models": ("vae-learning-rate", "mdn-learning-rate")}
 CONTINUOUS_ONLY = ("mpo", "planet")
 

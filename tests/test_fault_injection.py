@@ -18,7 +18,7 @@ import pytest
 from jaxzoo import checkpoint, cli, logger, runner
 from conftest import ROOT
 
-ALGOS = ["mpo", "planet", "ppo", "rainbow", "unizero", "unizero_ppo", "world_models"]
+ALGOS = ["impala", "mpo", "planet", "ppo", "rainbow", "unizero", "unizero_ppo", "world_models"]
 # The learning rates that make each tiny preset blow up when set to 1e30 (at
 # 1e9 Adam's steps of ~1e9 can leave a saturated network finite).
 LEARNING_RATES = {"mpo": ("policy_lr", "critic_lr"), "world_models": ("vae_learning_rate", "mdn_learning_rate")}

@@ -17,7 +17,7 @@ import pytest
 
 from jaxzoo import cli, envs
 
-ALGOS = ["mpo", "planet", "ppo", "rainbow", "unizero", "unizero_ppo", "world_models"]
+ALGOS = ["impala", "mpo", "planet", "ppo", "rainbow", "unizero", "unizero_ppo", "world_models"]
 
 
 def build(algo: str, env_id: str):

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-ALGOS = ["mpo", "planet", "ppo", "rainbow", "unizero", "unizero_ppo", "world_models"]
+ALGOS = ["impala", "mpo", "planet", "ppo", "rainbow", "unizero", "unizero_ppo", "world_models"]
 CLOCK = ("steps_per_second", "wall_seconds")
 
 
