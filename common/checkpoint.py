@@ -12,9 +12,12 @@ same structure (the state `init` builds), against which every leaf's path,
 shape and dtype is checked, so a checkpoint from a different configuration
 fails with a clear error instead of silently mis-loading.
 
-Why not orbax-checkpoint: every state here is a pytree of single-host arrays,
-which this file writes in ~60 lines with no extra dependency and a format
-`numpy.load` reads; sharded, multi-host states are where orbax earns its place.
+Why not orbax-checkpoint: every state here is small (megabytes), so a sharded
+or multi-host state is gathered to process 0, which writes it in this format
+(~60 lines, no extra dependency, readable by `numpy.load`), and every process
+places its own shards on restore (jaxzoo.parallel, docs/scaling.md). Orbax's
+per-process sharded writes earn their place for states too large for one
+host's memory, which no preset has.
 """
 
 from __future__ import annotations
