@@ -497,10 +497,12 @@ def cma_ask(state: CMAState, key: jax.Array, population: int) -> jax.Array:
     return state.mean + state.sigma * y
 
 
-def cma_tell(state: CMAState, candidates: jax.Array, fitness: jax.Array) -> CMAState:
+def cma_tell(state: CMAState, candidates: jax.Array, fitness: jax.Array, eigh: Callable = jnp.linalg.eigh) -> CMAState:
     """One CMA-ES update from candidates [population, P] and their fitness
     [population] (higher is better), Hansen 2016 section 4 (positive weights,
-    rank-one and rank-mu updates, cumulative step-size adaptation, h_sigma)."""
+    rank-one and rank-mu updates, cumulative step-size adaptation, h_sigma).
+    `eigh`: the eigendecomposition of the covariance (`eigh_one_at_a_time` in
+    data mode)."""
     population, n = candidates.shape
     chex.assert_shape(fitness, (population,))
     weights = cma_weights(population)
@@ -533,9 +535,28 @@ def cma_tell(state: CMAState, candidates: jax.Array, fitness: jax.Array) -> CMAS
         (1.0 - c_1 - c_mu) * state.cov + c_1 * (jnp.outer(path_c, path_c) + delta * state.cov) + c_mu * rank_mu
     )  # eq. 47 with sum(w) = 1
     cov = 0.5 * (cov + cov.T)
-    eigvals, eigvecs = jnp.linalg.eigh(cov)
+    eigvals, eigvecs = eigh(cov)
     eigvals = jnp.maximum(eigvals, 1e-20)
     return CMAState(mean, sigma, cov, eigvecs, eigvals, path_sigma, path_c, generation)
+
+
+@jax.custom_batching.custom_vmap
+def eigh_one_at_a_time(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`jnp.linalg.eigh(matrix)` (eigenvalues, eigenvectors), whose `jax.vmap`
+    decomposes the matrices one after another (`lax.map`), to the same bits.
+    For --parallel data on XLA:CPU devices, where every device runs the whole
+    CMA-ES update of every seed: jaxlib's batched CPU eigh (0.10.2) hands its
+    matrices to the intra-op thread pool and waits, and with every device's
+    copy of it waiting on a thread of that pool, no thread is left to run them
+    (4 seeds on 4 CPU devices hung forever)."""
+    return tuple(jnp.linalg.eigh(matrix))  # type: ignore[return-value]
+
+
+@eigh_one_at_a_time.def_vmap
+def _eigh_one_at_a_time_vmap(axis_size: int, in_batched: list, matrix: jax.Array):
+    if not in_batched[0]:
+        return eigh_one_at_a_time(matrix), (False, False)
+    return jax.lax.map(eigh_one_at_a_time, matrix), (True, True)
 
 
 def controller_action(theta: jax.Array, z: jax.Array, h: jax.Array, action_size: int) -> jax.Array:
@@ -647,9 +668,10 @@ def collect_stage(setup: Setup) -> Stage:
         env, env_params = setup.make_env(N)
         reset_key, key = jax.random.split(key)
         obs, env_state = env.reset(reset_key, env_params)
+        obs, env_state = parallel.constrain_data((obs, env_state))  # --parallel data: the N episodes are split
 
         def step(carry, key):
-            env_state, obs, alive = carry
+            env_state, obs, alive = parallel.constrain_data(carry)
             action_key, step_key = jax.random.split(key)
             if spec.discrete:
                 action = jax.random.randint(action_key, (N,), 0, spec.num_actions)
@@ -737,7 +759,7 @@ def vae_stage(setup: Setup) -> Stage:
             vae_params, opt_state = carry
             index_key, loss_key = jax.random.split(key)
             index = jax.random.choice(index_key, flat_frames.shape[0], (args.vae_batch_size,), p=probabilities)
-            frames = to_float(flat_frames[index])  # [B, S, S, C]
+            frames = to_float(parallel.constrain_data(flat_frames[index]))  # [B, S, S, C]; --parallel data: split
 
             def loss_fn(vae_params):
                 vae = setup.merge(state.params._replace(vae=vae_params)).vae
@@ -787,7 +809,8 @@ def mdn_stage(setup: Setup) -> Stage:
             mdn_params, opt_state = carry
             index_key, noise_key = jax.random.split(key)
             index = jax.random.choice(index_key, N, (args.mdn_batch_size,), replace=False)
-            time_major = lambda x: jnp.swapaxes(x[index], 0, 1)  # [B, T, ...] -> [T, B, ...]
+            # [B, T, ...] -> [T, B, ...]; --parallel data: the B rollouts are split over devices
+            time_major = lambda x: jnp.swapaxes(parallel.constrain_data(x[index]), 0, 1)
             mean, log_var = time_major(z_mean), time_major(z_log_var)
             z = mean + jnp.exp(0.5 * log_var) * jax.random.normal(noise_key, mean.shape)  # [T + 1, B, Z]
 
@@ -817,14 +840,23 @@ def mdn_stage(setup: Setup) -> Stage:
     return Stage(init, update, args.mdn_updates, args.mdn_batches * args.mdn_batch_size * args.rollout_steps)
 
 
-def encode_rollouts(setup: Setup, params: Params, data: Rollouts):
-    """(mean, log_var) [N, T + 1, Z] of every frame, a rollout at a time."""
-    return jax.lax.map(lambda frames: setup.encode(params, frames), data.frames)
+def encode_rollouts(setup: Setup, params: Params, data: Rollouts, shards: int = 1):
+    """(mean, log_var) [N, T + 1, Z] of every frame, a rollout at a time; with
+    `shards` > 1 (--parallel data over that many devices, the rollouts split
+    over them in blocks of N / shards), `shards` rollouts at a time, one from
+    each device's block, each device encoding its own."""
+    if shards == 1:
+        return jax.lax.map(lambda frames: setup.encode(params, frames), data.frames)
+    N = data.frames.shape[0]
+    blocks = jnp.swapaxes(data.frames.reshape((shards, N // shards, *data.frames.shape[1:])), 0, 1)
+    mean, log_var = jax.lax.map(lambda frames: setup.encode(params, parallel.constrain_data(frames)), blocks)
+    unblock = lambda x: jnp.swapaxes(x, 0, 1).reshape((N, *x.shape[2:]))  # noqa: E731
+    return unblock(mean), unblock(log_var)
 
 
 def initial_latents(setup: Setup, params: Params, data: Rollouts) -> jax.Array:
     """V's posterior of every rollout's first frame, (mean, log_var) stacked: [N, 2, Z]."""
-    mean, log_var = setup.encode(params, data.frames[:, 0])
+    mean, log_var = setup.encode(params, parallel.constrain_data(data.frames[:, 0]))  # --parallel data: split
     return jnp.stack([mean, log_var], axis=1)
 
 
@@ -850,7 +882,8 @@ def real_returns(setup: Setup, params: Params, thetas: jax.Array, key: jax.Array
     batch = thetas.shape[0]
     batched_env, env_params = setup.make_env(batch)
     reset_key, key = jax.random.split(key)
-    obs, env_state = batched_env.reset(reset_key, env_params)
+    # --parallel data: the episodes (a generation's candidates, the evaluation's) are split over devices
+    thetas, (obs, env_state) = parallel.constrain_data((thetas, batched_env.reset(reset_key, env_params)))
 
     def body(carry):
         t, key, env_state, obs, lstm, alive, returns = carry
@@ -861,8 +894,8 @@ def real_returns(setup: Setup, params: Params, thetas: jax.Array, key: jax.Array
         return t + 1, key, env_state, obs, lstm, alive & ~(terminated | truncated), returns
 
     cond = lambda carry: (carry[0] < steps) & carry[5].any()
-    init = (jnp.int32(0), key, env_state, obs, setup.zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
-    return jax.lax.while_loop(cond, body, init)[-1]
+    batch_init = parallel.constrain_data((setup.zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch)))
+    return jax.lax.while_loop(cond, body, (jnp.int32(0), key, env_state, obs, *batch_init))[-1]
 
 
 def dream_step(setup: Setup, models: Models, theta, z, carry, key, temperature):
@@ -883,6 +916,7 @@ def dream_returns(setup: Setup, params: Params, thetas, latents, key, steps: int
     start_key, noise_key, key = jax.random.split(key, 3)
     start = latents[jax.random.randint(start_key, (batch,), 0, latents.shape[0])]  # [B, 2, Z]
     z = start[:, 0] + jnp.exp(0.5 * start[:, 1]) * jax.random.normal(noise_key, (batch, setup.args.z_size))
+    thetas, z = parallel.constrain_data((thetas, z))  # --parallel data: the dreams are split over devices
 
     def body(carry):
         t, key, z, lstm, alive, returns = carry
@@ -891,8 +925,8 @@ def dream_returns(setup: Setup, params: Params, thetas, latents, key, steps: int
         return t + 1, key, z, lstm, alive & ~done, returns + reward * alive
 
     cond = lambda carry: (carry[0] < steps) & carry[4].any()
-    init = (jnp.int32(0), key, z, setup.zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch))
-    return jax.lax.while_loop(cond, body, init)[-1]
+    batch_init = parallel.constrain_data((setup.zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch)))
+    return jax.lax.while_loop(cond, body, (jnp.int32(0), key, z, *batch_init))[-1]
 
 
 def dream(setup: Setup, params: Params, theta, z0, key, steps: int, temperature: float | None = None):
@@ -923,7 +957,8 @@ def controller_stage(setup: Setup) -> Stage:
 
     def fitness(params, candidates, latents, key, hparams: Hyperparams) -> jax.Array:
         """Mean return over `trials` episodes of each candidate [population, P] -> [population]."""
-        thetas = jnp.repeat(candidates, args.trials, axis=0)  # [population * trials, P]
+        # [population * trials, P]; --parallel data: the candidates' episodes are split over devices
+        thetas = parallel.constrain_data(jnp.repeat(candidates, args.trials, axis=0))
         if args.controller_env == "dream":
             returns = dream_returns(setup, params, thetas, latents, key, setup.max_steps, hparams.dream_temperature)
         else:
@@ -937,7 +972,9 @@ def controller_stage(setup: Setup) -> Stage:
         key, ask_key, score_key = jax.random.split(state.key, 3)
         candidates = cma_ask(state.cma, ask_key, args.population)  # [population, P]
         scores = fitness(params, candidates, latents, score_key, state.hparams)
-        cma = cma_tell(state.cma, candidates, scores)
+        cma = cma_tell(
+            state.cma, candidates, scores, eigh_one_at_a_time if args.parallel == "data" else jnp.linalg.eigh
+        )
         best = jnp.argmax(scores)
         improved = scores[best] > state.best_fitness
         new = state.replace(
@@ -1129,18 +1166,58 @@ class CarRacingHost:
 # --------------------------------------------------------------------------- #
 # Host loop
 # --------------------------------------------------------------------------- #
-def stage_inputs(name: str, outputs: dict, wm: WorldModels):
-    """What a stage reads from the earlier stages' final states (leaves [num_seeds, ...])."""
+# --parallel data (jaxzoo.parallel): the data axis of each stage's state, in
+# one seed's leaves (None: replicated). The collected episodes are split over
+# the devices (stage 1's env batch, then the Rollouts V, M and C read, and V's
+# encodings of them, split alike); V's, M's and C's states (parameters,
+# optimiser, CMA-ES) are replicated, and each stage learns from a batch that
+# `constrain_data` splits: V's frames, M's rollouts, the episodes of a
+# generation's candidates.
+STATE_DATA_AXES: dict[str, Any] = {"collect": 0, "vae": None, "mdn": None, "controller": None}
+ONE_DEVICE = parallel.Layout("off", None)
+
+
+def shardings(layout: parallel.Layout, abstract, axes):
+    """The sharding of every leaf of a seed-stacked tree (leaves [num_seeds,
+    ...]) whose data axes are `axes` (a prefix tree, as in STATE_DATA_AXES);
+    None on one device."""
+    return layout.state_shardings(abstract, data_axes=lambda _: axes)
+
+
+def traced_in(layout: parallel.Layout, fn: Callable) -> Callable:
+    """`fn` with `layout.tracing()` around it, for `jax.jit`: in data mode its
+    `constrain_data` calls split its batches over the layout's devices."""
+
+    def traced(*args):
+        with layout.tracing():
+            return fn(*args)
+
+    return traced
+
+
+def stage_inputs(name: str, outputs: dict, wm: WorldModels, layout: parallel.Layout = ONE_DEVICE):
+    """What a stage reads from the earlier stages' final states (leaves
+    [num_seeds, ...]); in data mode V's encodings [N, ...] split by rollout, as
+    the Rollouts are."""
     if name == "collect":
         return None
     data = outputs["collect"]
     if name == "vae":
         return data
+
+    def encode(fn, params):
+        fn = jax.vmap(fn)
+        placed = (
+            {} if layout.mesh is None else {"out_shardings": shardings(layout, jax.eval_shape(fn, params, data), 0)}
+        )
+        return jax.jit(traced_in(layout, fn), compiler_options=wm.compiler_options, **placed)(params, data)
+
     if name == "mdn":
         params = outputs["vae"].params
-        return data, params, jax.jit(jax.vmap(wm.encode_rollouts), compiler_options=wm.compiler_options)(params, data)
+        shards = layout.num_devices if layout.mode == parallel.DATA_AXIS else 1
+        return data, params, encode(functools.partial(wm.encode_rollouts, shards=shards), params)
     params = outputs["mdn"].params
-    return params, jax.jit(jax.vmap(wm.initial_latents), compiler_options=wm.compiler_options)(params, data)
+    return params, encode(wm.initial_latents, params)
 
 
 def abstract_stage_state(name: str, stage: Stage, seeds: np.ndarray, inputs, wm: WorldModels):
@@ -1166,7 +1243,7 @@ def run_stage(
     seeds: np.ndarray,
     wm: WorldModels,
     stop: runner.StopRequest | None = None,
-    layout: parallel.Layout | None = None,
+    layout: parallel.Layout = ONE_DEVICE,
 ):
     """One stage for all seeds: init (or restore the stage's newest checkpoint,
     which is how --resume continues a stage), then chunks of `log_every` updates
@@ -1174,18 +1251,23 @@ def run_stage(
     jaxzoo.runner.over_seeds, the state donated), metrics.csv and checkpoints
     in `stage_dir`. A non-finite state stops the run (cli.Diverged) before it
     is saved; a SIGINT / SIGTERM (`stop`) checkpoints after the chunk and
-    exits. With a `layout` in seeds mode (jaxzoo.parallel), the seed axis of
-    the state and inputs is sharded over its devices; only process 0 writes.
-    Returns (state [num_seeds, ...], seconds, chunk traces)."""
+    exits. With a `layout` (jaxzoo.parallel) in seeds mode, the seed axis of
+    the state and inputs is sharded over its devices; in data mode, the data
+    axes of STATE_DATA_AXES (the inputs come placed by `stage_inputs`), the
+    rest replicated, and the stage's batch is split by `constrain_data`.
+    Only process 0 writes. Returns (state [num_seeds, ...], seconds, chunk traces)."""
     start = time.perf_counter()
     stop = stop or runner.StopRequest()  # not entered: no signal handlers, never stops
-    by_seed = None if layout is None else layout.seed_sharding()  # None: one device
-    placed: dict[str, Any] = {} if by_seed is None else {"out_shardings": by_seed}
-    chunk_placed: dict[str, Any] = {} if by_seed is None else {"out_shardings": (by_seed, by_seed, by_seed)}
+    by_seed = layout.seed_sharding()  # None: one device
+    by_leaf = None
+    if by_seed is not None:
+        by_leaf = shardings(layout, abstract_stage_state(name, stage, seeds, inputs, wm), STATE_DATA_AXES[name])
+    placed: dict[str, Any] = {} if by_seed is None else {"out_shardings": by_leaf}
+    chunk_placed: dict[str, Any] = {} if by_seed is None else {"out_shardings": (by_leaf, by_seed, by_seed)}
     updates_done = checkpoint.latest_update(stage_dir)
     if updates_done is not None:
         state, updates_done = checkpoint.restore(stage_dir, abstract_stage_state(name, stage, seeds, inputs, wm))
-        state = parallel.put(state, None if by_seed is None else jax.tree.map(lambda _: by_seed, state))
+        state = parallel.put(state, by_leaf)
     elif stage.host:  # one seed (checked in Args)
         seed_inputs = jax.tree.map(lambda x: x[0], inputs)
         state = jax.tree.map(
@@ -1193,9 +1275,9 @@ def run_stage(
             stage.init(jax.random.fold_in(jax.random.key(int(seeds[0])), STAGES.index(name)), seed_inputs),
         )
     else:
-        state = jax.jit(lambda s, i: init_seeds(stage, name, s, i), compiler_options=runner.RUN_ONCE, **placed)(
-            parallel.host_array(seeds, by_seed), inputs
-        )
+        state = jax.jit(
+            traced_in(layout, lambda s, i: init_seeds(stage, name, s, i)), compiler_options=runner.RUN_ONCE, **placed
+        )(parallel.host_array(seeds, by_seed), inputs)
     run_log = (logger.Run if parallel.is_writer() else logger.Silent)(
         args,
         stage_dir,
@@ -1225,7 +1307,8 @@ def run_stage(
             # arguments, never constants baked into the program.
             traces[0] += 1
             scan, _ = runner.make_chunk(lambda s: stage.update(s, inputs), args.log_every)
-            return scan(state, first_update, last_update)
+            with layout.tracing():  # --parallel data: the stage's batch split over the devices
+                return scan(state, first_update, last_update)
 
         run_chunk = jax.jit(
             runner.over_seeds(chunk, args.num_seeds, (0, None, None, 0)),
@@ -1269,9 +1352,17 @@ def run_stage(
     return state, time.perf_counter() - start, traces[0]
 
 
-def load_stage(run_dir: Path, name: str, stage: Stage, seeds: np.ndarray, inputs, wm: WorldModels, by_seed=None):
+def load_stage(
+    run_dir: Path,
+    name: str,
+    stage: Stage,
+    seeds: np.ndarray,
+    inputs,
+    wm: WorldModels,
+    layout: parallel.Layout = ONE_DEVICE,
+):
     """A finished stage's final state from `run_dir/<name>/checkpoints`
-    (placed with the sharding `by_seed` on every leaf, if given)."""
+    (placed over the devices of `layout` as `run_stage` places it)."""
     stage_dir = Path(run_dir) / name
     latest = checkpoint.latest_update(stage_dir)
     if latest is None:
@@ -1284,8 +1375,9 @@ def load_stage(run_dir: Path, name: str, stage: Stage, seeds: np.ndarray, inputs
             f"stage {name!r} in {str(stage_dir)!r} stopped at update {latest} of {stage.num_updates}; "
             f"finish it with --resume {run_dir}"
         )
-    state, _ = checkpoint.restore(stage_dir, abstract_stage_state(name, stage, seeds, inputs, wm))
-    return parallel.put(state, None if by_seed is None else jax.tree.map(lambda _: by_seed, state))
+    abstract = abstract_stage_state(name, stage, seeds, inputs, wm)
+    state, _ = checkpoint.restore(stage_dir, abstract)
+    return parallel.put(state, shardings(layout, abstract, STATE_DATA_AXES[name]))
 
 
 def load_run(run_dir: str | Path) -> tuple[Args, WorldModels, dict]:
@@ -1324,31 +1416,67 @@ def main(args: Args) -> dict:
             f"stages {list(args.stages)} start after {STAGES[0]!r}: pass --source-run RUN_DIR, a run "
             "that finished the earlier stages"
         )
+    layout = make_layout(args)  # a layout the devices cannot run is refused before anything is built
     wm = make_train(args)
-    # --parallel seeds shards every stage's seed axis; data mode is not built for
-    # this file yet (its four stages are separate programs, each with its own batch).
-    layout = parallel.make_layout(
-        args.parallel, args.num_seeds, why_no_data="its four stages are separate programs; not built yet"
-    )
     with runner.open_run_dir(args, "world_models") as run_dir, runner.StopRequest() as stop:
         if parallel.is_writer():
             logger.write_args_json(run_dir, args, META)
         return run_pipeline(args, wm, run_dir, stop, layout)
 
 
+def make_layout(args: Args) -> parallel.Layout:
+    """The Layout of --parallel (jaxzoo.parallel). Seeds mode shards every
+    stage's seed axis. Data mode splits the collected episodes (num_rollouts)
+    over the devices, and the batch of each stage: V's vae_batch_size frames,
+    M's mdn_batch_size rollouts, C's population x trials episodes per
+    generation and the final evaluation's eval_episodes; the device count must
+    divide num_rollouts and the batches of the stages in `args.stages`. Raises
+    ValueError naming the first it does not divide, before anything runs."""
+    if args.parallel == "data" and args.env_id in HOST_ENVS:
+        raise ValueError(
+            f"--parallel data: env_id {args.env_id!r} is stepped on the host (gymnasium), which cannot be split "
+            f"over devices; accepted: --parallel off or auto, or a pure-JAX pixel env ({', '.join(pixels.RENDERERS)})"
+        )
+    layout = parallel.make_layout(
+        args.parallel,
+        args.num_seeds,
+        data_size=args.num_rollouts,
+        data_name=f"num_rollouts = total_timesteps // rollout_steps = {args.total_timesteps} // {args.rollout_steps}",
+    )
+    if layout.mode != parallel.DATA_AXIS:
+        return layout
+    batches = {
+        "vae": [("vae_batch_size", args.vae_batch_size)],
+        "mdn": [("mdn_batch_size", args.mdn_batch_size)],
+        "controller": [
+            (f"population * trials = {args.population} * {args.trials}", args.population * args.trials),
+            ("eval_episodes", args.eval_episodes),
+        ],
+    }
+    count = layout.num_devices
+    for name in args.stages:
+        for field, size in batches.get(name, []):
+            if size % count:
+                raise ValueError(
+                    f"--parallel data: {field} = {size} is not a multiple of the {count} visible devices "
+                    f"(stage {name!r} splits it over them); accepted: a multiple of {count}"
+                )
+    return layout
+
+
 def run_pipeline(
-    args: Args, wm: WorldModels, run_dir: Path, stop: runner.StopRequest, layout: parallel.Layout | None = None
+    args: Args, wm: WorldModels, run_dir: Path, stop: runner.StopRequest, layout: parallel.Layout = ONE_DEVICE
 ) -> dict:
     """`main` inside its locked run directory: the stages, then the evaluation."""
     seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
-    by_seed = None if layout is None else layout.seed_sharding()
+    by_seed = layout.seed_sharding()
     say = print if parallel.is_writer() else (lambda *_: None)
     outputs: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     traces: dict[str, int] = {}
     for i, name in enumerate(STAGES[: STAGES.index(args.stages[-1]) + 1]):
         stage = getattr(wm, name)
-        inputs = stage_inputs(name, outputs, wm)
+        inputs = stage_inputs(name, outputs, wm, layout)
         if name in args.stages:
             say(f"[world_models] stage {i + 1}/4 {name}: {stage.num_updates} update(s) -> {run_dir / name}")
             outputs[name], seconds[name], traces[name] = run_stage(
@@ -1356,7 +1484,7 @@ def run_pipeline(
             )
         else:  # an earlier stage, finished by --source-run (main refuses a late start without it)
             assert args.source_run is not None
-            outputs[name] = load_stage(Path(args.source_run), name, stage, seeds, inputs, wm, by_seed)
+            outputs[name] = load_stage(Path(args.source_run), name, stage, seeds, inputs, wm, layout)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "stage_seconds": seconds, "chunk_traces": traces}
     if "controller" in args.stages:
         params, mean = outputs["mdn"].params, outputs["controller"].cma.mean
@@ -1372,9 +1500,9 @@ def run_pipeline(
                 ]
             )
         else:
-            returns = parallel.to_host(
-                jax.jit(jax.vmap(wm.evaluate), compiler_options=wm.compiler_options)(params, mean, keys)
-            )
+            placed = {} if by_seed is None else {"out_shardings": by_seed}
+            evaluate = jax.jit(traced_in(layout, jax.vmap(wm.evaluate)), compiler_options=wm.compiler_options, **placed)
+            returns = parallel.to_host(evaluate(params, mean, keys))
         seconds["evaluate"] = time.perf_counter() - start
         if not np.isfinite(returns).all():
             raise cli.Diverged(

@@ -176,6 +176,7 @@ def data_mode_algos() -> tuple[list[str], list[str]]:
 
 # 4 seeds and 4 envs: the 4 devices divide the seed axis and the data axis.
 OVERRIDES = {
+    # data mode splits tiny's 16 rollouts, V's 8 frames, M's 4 rollouts, C's 4 x 2 episodes and 4 eval episodes
     "world_models": {"num_seeds": 4},
     "planet": {"num_seeds": 4},  # its data axis is the tiny preset's batch_size, 4
     "mpo": {"num_seeds": 4, "num_envs": 4, "train_frequency": 4},  # env steps per learner step: a multiple of num_envs
@@ -201,13 +202,14 @@ def test_seeds_and_data_mode_on_4_devices_match_1_device(algo, tmp_path):
         np.testing.assert_allclose(runs[mode]["eval"], runs["off"]["eval"], rtol=0.1, atol=1e-2)
 
 
-@pytest.mark.parametrize("algo", data_mode_algos()[1])
-def test_data_mode_is_refused_with_a_reason_where_unsupported(algo, tmp_path):
-    child = run_child(
-        2, "cli", algo, "--preset", "tiny", "--parallel", "data", "--run-root", str(tmp_path), timeout=300
-    )
-    assert child.returncode == 2, child.stderr[-2000:]
-    assert "--parallel data is not supported" in child.stderr and "accepted: seeds" in child.stderr
+def test_data_mode_is_refused_with_a_reason_where_a_file_has_none():
+    """Every file has a data mode today; a file without one (no `data_axes`) is
+    refused before anything is built, with its reason."""
+    from jaxzoo import parallel
+
+    assert data_mode_algos()[1] == []
+    with pytest.raises(ValueError, match="--parallel data is not supported by this algorithm: a reason; accepted: seeds"):
+        parallel.make_layout("data", 1, None, why_no_data="a reason")
 
 
 def test_bad_layouts_fail_at_once_naming_the_value(tmp_path):
