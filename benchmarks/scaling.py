@@ -56,7 +56,7 @@ WORKLOADS = {
     "unizero_ppo": (["--preset", "tiny"], {"num-envs": 2}),
     "unizero": (["--preset", "tiny"], {"num-envs": 2}),
     "planet": (["--preset", "tiny"], {"batch-size": 4}),
-    "world_models": (["--preset", "tiny"], None),
+    "world_models": (["--preset", "tiny"], {}),  # data mode: the tiny preset's rollouts and batches, split
 }
 SEEDS_PER_DEVICE = 2
 
@@ -132,7 +132,8 @@ def compare(algo: str, mode: str, devices: int, force_cpu: bool) -> str:
     for parallel in ("off", mode):
         with tempfile.TemporaryDirectory() as run_root:
             argv = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), "--preset", "tiny", "--run-root", run_root]
-            common = COMPARE[mode] if algo != "planet" else ["--num-seeds", "4" if mode == "seeds" else "1"]
+            whole = algo in ("planet", "world_models")  # their tiny batches already split over 4 devices
+            common = COMPARE[mode] if not whole else ["--num-seeds", "4" if mode == "seeds" else "1"]
             argv += [*common, *COMPARE_EXTRA.get(algo, {}).get(mode, []), "--parallel", parallel]
             env = dict(os.environ)
             if force_cpu:
