@@ -117,6 +117,44 @@ def child_distributed(process_id: int, port: int, out: str, stop_after_first_log
         Path(out).write_text(json.dumps({"metrics": metrics_of(result), "eval": evaluation_of(result)}))
 
 
+def child_data_resume(out: str) -> None:
+    """PPO's tiny preset in data mode on the 4 devices: straight, and stopped by
+    SIGTERM after its first chunk then resumed; writes whether the final
+    states are bit-identical."""
+    import jax
+
+    from jaxzoo import logger
+
+    def tiny(root):
+        return tiny_args("ppo", str(Path(out).parent / root), num_envs=4, log_every=1, checkpoint_every=1,
+                         parallel="data")
+
+    module, args = tiny("straight")
+    straight = module.main(args)
+    _, args = tiny("stopped")
+    original = logger.Run.log
+
+    def log_then_stop(self, update, global_step, metrics):
+        original(self, update, global_step, metrics)
+        os.kill(os.getpid(), signal.SIGTERM)
+        logger.Run.log = original
+
+    logger.Run.log = log_then_stop
+    try:
+        module.main(args)
+    except SystemExit as stopped:
+        code = stopped.code
+    (run_dir,) = (Path(out).parent / "stopped").iterdir()
+    resumed = module.main(module.Args(resume=str(run_dir)))
+    leaves = zip(jax.tree.leaves(straight.state), jax.tree.leaves(resumed.state))
+    same = all(
+        np.array_equal(*(jax.random.key_data(v) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key) else v
+                         for v in pair))
+        for pair in leaves
+    )
+    Path(out).write_text(json.dumps({"code": code, "same": same, "sharding": str(resumed.state.obs.sharding.spec)}))
+
+
 def child_one_process(out: str) -> None:
     module, args = tiny_args(
         "ppo", str(Path(out).parent / "runs-one"), num_seeds=4, log_every=1, checkpoint_every=1, parallel="seeds"
@@ -163,6 +201,15 @@ def assert_close(one: dict, sharded: dict, label: str) -> None:
                 y[early], x[early], rtol=1e-4, atol=1e-5, equal_nan=True, err_msg=f"{label} {stage} {name}"
             )
             np.testing.assert_allclose(y, x, rtol=0.1, atol=1e-2, equal_nan=True, err_msg=f"{label} {stage} {name}")
+
+
+def test_a_data_mode_run_stopped_and_resumed_ends_as_an_uninterrupted_one(tmp_path):
+    out = tmp_path / "resume.json"
+    child = run_child(4, "data-resume", str(out))
+    assert child.returncode == 0, child.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["code"] == 143 and result["same"], result
+    assert "data" in result["sharding"]  # the restored state is placed sharded again
 
 
 def data_mode_algos() -> tuple[list[str], list[str]]:
@@ -362,6 +409,8 @@ if __name__ == "__main__":
         )
     elif role == "one":
         child_one_process(sys.argv[2])
+    elif role == "data-resume":
+        child_data_resume(sys.argv[2])
     elif role == "cli":
         from jaxzoo import cli
 
