@@ -1181,7 +1181,7 @@ def shardings(layout: parallel.Layout, abstract, axes):
     """The sharding of every leaf of a seed-stacked tree (leaves [num_seeds,
     ...]) whose data axes are `axes` (a prefix tree, as in STATE_DATA_AXES);
     None on one device."""
-    return layout.state_shardings(abstract, data_axes=lambda _: axes)
+    return layout.state_shardings(abstract, data_axes=axes)
 
 
 def traced_in(layout: parallel.Layout, fn: Callable) -> Callable:

@@ -35,7 +35,7 @@ import math
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,18 +67,17 @@ class Layout:
         hosts = f" on {jax.process_count()} processes" if jax.process_count() > 1 else ""
         return f"{self.mode} sharded over {self.num_devices} {self.mesh.devices.flat[0].platform} devices{hosts}"
 
-    def state_shardings(self, abstract_state, data_axes: Callable | None = None):
+    def state_shardings(self, abstract_state, data_axes=None):
         """The NamedSharding of every leaf of a seed-stacked state ([num_seeds,
         ...] leaves): seeds mode shards axis 0; data mode shards, in each leaf
-        that `data_axes` names, its data axis (an axis of the per-seed leaf, so
-        axis + 1 here) and replicates the rest. None when `mesh` is None."""
+        under an int of the prefix tree `data_axes`, that data axis (an axis of
+        the per-seed leaf, so axis + 1 here) and replicates the leaves under
+        None. None when `mesh` is None."""
         mesh = self.mesh
         if mesh is None:
             return None
         if self.mode == SEED_AXIS:
             return jax.tree.map(lambda _: NamedSharding(mesh, P(SEED_AXIS)), abstract_state)
-        assert data_axes is not None
-        axes = data_axes(abstract_state)
 
         def spec(axis, subtree):
             def leaf_spec(leaf):
@@ -91,7 +90,7 @@ class Layout:
 
             return jax.tree.map(leaf_spec, subtree)
 
-        return jax.tree.map(spec, axes, abstract_state, is_leaf=lambda x: x is None)
+        return jax.tree.map(spec, data_axes, abstract_state, is_leaf=lambda x: x is None)
 
     def seed_sharding(self):
         """Sharding of host outputs with a leading seed axis (metrics, health,

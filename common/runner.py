@@ -379,8 +379,7 @@ class Placement:
         seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
         if layout.mesh is None:
             return Placement(layout, None, None, seeds)
-        per_seed = jax.eval_shape(init, jax.random.key(0))
-        axes = None if data_axes is None else (lambda _: data_axes(per_seed))
+        axes = None if data_axes is None else data_axes(jax.eval_shape(init, jax.random.key(0)))
         abstract = jax.eval_shape(lambda s: init_seeds(init, s), seeds)
         outputs = layout.seed_sharding()
         return Placement(layout, layout.state_shardings(abstract, axes), outputs, parallel.put(seeds, outputs))
