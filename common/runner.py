@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxzoo import checkpoint, cli, logger, parallel
+from jaxzoo import checkpoint, cli, logger, parallel, results
 
 
 @dataclass
@@ -765,3 +765,6 @@ def _write_evaluation(
             **summary,
         },
     )
+    if isinstance(run_log, logger.Run):  # the process that writes the run directory
+        # summary.json (marl-eval / Stoix layout) and run_info.json: jaxzoo.results
+        results.write_summary(run_log.dir, results.machine_info())
