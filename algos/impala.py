@@ -28,6 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import queue
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
 
@@ -38,8 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from jaxzoo import cli, envs, layers, parallel, runner
+from jaxzoo import checkpoint, cli, envs, layers, logger, parallel, results, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fields
 
 
@@ -147,6 +154,18 @@ class Args:
     shared_torso: bool = False
     """actor and critic share one torso (else two separate ones)"""
 
+    # actor-learner (--architecture sebulba; docs/impala.md, Actor-learner)
+    architecture: Literal["anakin", "sebulba"] = "anakin"
+    """anakin: rollout and learning in one jitted program, the lag set by policy_lag; sebulba: actor threads step their envs with their own parameter copy and feed a bounded queue, a learner takes batches from it and publishes new parameters, the lag is measured (one seed, one process)"""
+    num_actor_threads: Annotated[int, AtLeastOne] = 2
+    """sebulba: actor threads; they share the num_envs environments evenly (must divide num_envs), and an update takes num_actor_threads trajectory blocks from the queue"""
+    queue_size: Annotated[int, AtLeastOne] = 4
+    """sebulba: trajectory blocks (num_steps x num_envs / num_actor_threads env steps each) the queue holds; a full queue blocks the actors"""
+    actor_device_ids: Annotated[tuple[int, ...], NonNegative] = (0,)
+    """sebulba: indices into jax.devices() of the devices the actor threads act on, assigned round-robin (actor i on actor_device_ids[i % len])"""
+    learner_device_ids: Annotated[tuple[int, ...], NonNegative] = (0,)
+    """sebulba: indices into jax.devices() of the learner's devices; with several, each batch is split over them along the environment axis and the gradients averaged (as --parallel data)"""
+
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
         if self.num_envs % self.num_minibatches:
@@ -164,6 +183,45 @@ class Args:
                 f"kl_coef={self.kl_coef} is a penalty towards APPO's target network, which IMPALA does not "
                 "have; accepted: kl_coef=0 without --appo, or --appo"
             )
+        if self.architecture == "sebulba":
+            self._check_sebulba()
+
+    def _check_sebulba(self) -> None:
+        """What --architecture sebulba needs, before anything is built (the
+        device ids are checked against the visible devices when the run starts)."""
+        for name, refused, accepted in [
+            ("distributed", self.distributed, "one process: --distributed needs --architecture anakin"),
+            ("num_seeds", self.num_seeds != 1, "num_seeds=1 (one learner); several seeds need --architecture anakin"),
+            (
+                "parallel",
+                self.parallel not in ("auto", "off"),
+                "auto or off; sebulba places its work with --actor-device-ids and --learner-device-ids",
+            ),
+        ]:
+            if refused:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not accepted with architecture='sebulba'; accepted: {accepted}"
+                )
+        if self.num_envs % self.num_actor_threads:
+            raise ValueError(
+                f"num_envs={self.num_envs} does not split evenly over num_actor_threads={self.num_actor_threads}; "
+                f"accepted: num_actor_threads a divisor of {self.num_envs}"
+            )
+        for name, ids in [("actor_device_ids", self.actor_device_ids), ("learner_device_ids", self.learner_device_ids)]:
+            if not ids or len(set(ids)) != len(ids):
+                raise ValueError(
+                    f"{name}={ids!r} must name at least one device, each once; accepted: e.g. (0,) or (0, 1)"
+                )
+        learners = len(self.learner_device_ids)
+        for name, size in [
+            ("num_envs / num_actor_threads", self.envs_per_actor),
+            ("num_envs / num_minibatches", self.num_envs // self.num_minibatches),
+        ]:
+            if size % learners:
+                raise ValueError(
+                    f"{name} = {size} trajectories do not split over the {learners} learner devices "
+                    f"learner_device_ids={self.learner_device_ids!r}; accepted: a multiple of {learners}"
+                )
 
     @property
     def batch_size(self) -> int:
@@ -172,6 +230,11 @@ class Args:
     @property
     def num_updates(self) -> int:
         return self.total_timesteps // self.batch_size
+
+    @property
+    def envs_per_actor(self) -> int:
+        """sebulba: environments each actor thread steps."""
+        return self.num_envs // self.num_actor_threads
 
 
 # --------------------------------------------------------------------------- #
@@ -343,6 +406,30 @@ class RunnerState(struct.PyTreeNode):
     gradient_steps: jax.Array  # [] optimiser steps taken
     kl_coef: jax.Array  # [] APPO's adaptive KL-penalty coefficient (0 when off)
     hparams: Hyperparams
+
+
+class LearnerState(struct.PyTreeNode):
+    """The learner's state in --architecture sebulba (and its checkpoints): the
+    RunnerState without the environments and the actors' ring, which live in
+    the actor threads."""
+
+    params: nnx.State
+    target_params: nnx.State | None
+    opt_state: optax.OptState
+    key: jax.Array  # typed PRNG key of the learner (minibatch permutations)
+    update_step: jax.Array  # [] updates completed: the version of `params`
+    gradient_steps: jax.Array  # [] optimiser steps taken
+    kl_coef: jax.Array  # [] APPO's adaptive KL-penalty coefficient (0 when off)
+    hparams: Hyperparams
+
+
+class TrajectoryBlock(NamedTuple):
+    """What an actor thread puts in the queue (--architecture sebulba)."""
+
+    transitions: Transition  # leaves [T, envs_per_actor, ...], on the actor's device
+    actor_id: int  # which actor thread acted
+    sequence: int  # that thread's count of blocks put in the queue before this one
+    params_version: int  # the learner update count of the parameters it acted with
 
 
 # --------------------------------------------------------------------------- #
@@ -569,6 +656,24 @@ def collect_rollout(env, env_params, graphdef: nnx.GraphDef, actor_params: nnx.S
     return jax.lax.scan(env_step, (env_state, obs, key), None, num_steps)
 
 
+def batch_of(traj: Transition) -> Batch:
+    """The learner's fields of a rollout [T, N]."""
+    return Batch(
+        traj.obs, traj.action, traj.behaviour_log_prob, traj.reward, traj.terminated, traj.truncated, traj.final_obs
+    )
+
+
+def episode_metrics_of(traj: Transition) -> dict[str, jax.Array]:
+    """Masked means over the episodes that finished in a rollout [T, N] (jaxzoo.envs.episode_metrics)."""
+    return envs.episode_metrics(
+        {
+            "episode_done": traj.episode_done,
+            "episode_return": traj.episode_return,
+            "episode_length": traj.episode_length,
+        }
+    )
+
+
 def update_target(args: Args, target_params, params, gradient_steps: jax.Array):
     """APPO's target network after a gradient step: an EMA with rate
     target_update_rate, or (rate 0) a hard copy every target_copy_period
@@ -633,6 +738,11 @@ class IMPALA(NamedTuple):
     evaluate: Any  # (RunnerState, key) -> episode returns [eval_episodes]
     policy: Any  # (params, obs [B, *obs_shape]) -> (distribution, value [B])
     spec: envs.EnvSpec
+    # --architecture sebulba: the same learner, and one actor thread's environments
+    learner_init: Any  # (key, hparams=None) -> LearnerState
+    learner_update: Any  # (RunnerState | LearnerState, Batch [T, num_envs], key) -> (state, metrics)
+    actor_reset: Any  # key -> (obs [envs_per_actor, *obs_shape], env_state); None unless sebulba
+    actor_rollout: Any  # (params, env_state, obs, key) -> ((env_state, obs, key), Transition [T, envs_per_actor])
 
 
 def make_train(args: Args) -> IMPALA:
@@ -683,20 +793,14 @@ def make_train(args: Args) -> IMPALA:
             hparams=hparams,
         )
 
-    def update(state: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
-        """One iteration: the actors roll out with parameters `policy_lag`
-        updates old, the learner takes update_epochs x num_minibatches
-        gradient steps on it, and its new parameters enter the actors' ring."""
+    def learner_update(state, batch: Batch, key: jax.Array):
+        """The learner's half of an update, the same in both architectures:
+        update_epochs x num_minibatches gradient steps on `batch` [T, num_envs]
+        at the annealed learning rate, then APPO's KL coefficient. `state` is a
+        RunnerState or a LearnerState (both hold params, target_params,
+        opt_state, update_step, gradient_steps, kl_coef, hparams); returns it
+        with those advanced, and the learner's metrics."""
         hp = state.hparams
-        slot = state.actor_slot
-        behaviour_params = state.params if lag == 0 else jax.tree.map(lambda ring: ring[slot], state.actor_params)
-        key, rollout_key, learn_key = jax.random.split(state.key, 3)
-        (env_state, obs, _), traj = collect_rollout(
-            env, env_params, graphdef, behaviour_params, state.env_state, state.obs, rollout_key, args.num_steps
-        )
-        batch = Batch(
-            traj.obs, traj.action, traj.behaviour_log_prob, traj.reward, traj.terminated, traj.truncated, traj.final_obs
-        )
         # Linear annealing as in PureJaxRL: lr_k = lr * (1 - k / num_updates).
         fraction_left = 1.0 - state.update_step / num_updates if args.anneal_lr else 1.0
         learning_rate = hp.learning_rate * fraction_left
@@ -705,38 +809,46 @@ def make_train(args: Args) -> IMPALA:
         )
         carry = (state.params, state.target_params, opt_state, state.gradient_steps)
         (params, target_params, opt_state, gradient_steps), stats = learn(
-            args, graphdef, optimizer, batch, carry, hp, state.kl_coef, learn_key
+            args, graphdef, optimizer, batch, carry, hp, state.kl_coef, key
         )
         stats = jax.tree.map(jnp.mean, stats)  # means over the update's gradient steps [epochs, minibatches]
         kl_coef = state.kl_coef
         if args.kl_coef > 0:  # RLlib adapts it after each training step
             kl_coef = adapt_kl_coef(kl_coef, stats["target_kl"], args.kl_target)
+        new_state = state.replace(
+            params=params,
+            target_params=target_params,
+            opt_state=opt_state,
+            update_step=state.update_step + 1,
+            gradient_steps=gradient_steps,
+            kl_coef=kl_coef,
+        )
+        return new_state, {**stats, "learning_rate": learning_rate, "kl_coef": state.kl_coef}
+
+    def update(state: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
+        """One iteration: the actors roll out with parameters `policy_lag`
+        updates old, the learner takes update_epochs x num_minibatches
+        gradient steps on it, and its new parameters enter the actors' ring."""
+        slot = state.actor_slot
+        behaviour_params = state.params if lag == 0 else jax.tree.map(lambda ring: ring[slot], state.actor_params)
+        key, rollout_key, learn_key = jax.random.split(state.key, 3)
+        (env_state, obs, _), traj = collect_rollout(
+            env, env_params, graphdef, behaviour_params, state.env_state, state.obs, rollout_key, args.num_steps
+        )
+        new_state, learner_metrics = learner_update(state, batch_of(traj), learn_key)
         actor_params = state.actor_params
         if lag:
             # The parameters this update started from replace the oldest copy: the ring
             # now holds the learner's last `lag` parameter versions, oldest at slot + 1.
             actor_params = jax.tree.map(lambda ring, p: ring.at[slot].set(p), actor_params, state.params)
-        new_state = state.replace(
-            params=params,
-            target_params=target_params,
+        new_state = new_state.replace(
             actor_params=actor_params,
             actor_slot=(slot + 1) % max(lag, 1),
-            opt_state=opt_state,
             env_state=env_state,
             obs=obs,
             key=key,
-            update_step=state.update_step + 1,
-            gradient_steps=gradient_steps,
-            kl_coef=kl_coef,
         )
-        episodes = {"episode_done": traj.episode_done, "episode_return": traj.episode_return}
-        metrics = {
-            **envs.episode_metrics({**episodes, "episode_length": traj.episode_length}),
-            **stats,
-            "learning_rate": learning_rate,
-            "kl_coef": state.kl_coef,
-        }
-        return new_state, metrics
+        return new_state, {**episode_metrics_of(traj), **learner_metrics}
 
     def train(key: jax.Array, hparams: Hyperparams | None = None):
         """The whole run as one `lax.scan` over updates: jit it, vmap it over
@@ -751,7 +863,429 @@ def make_train(args: Args) -> IMPALA:
             eval_env, env_params, lambda obs: actor(obs).mode(), key, spec.max_episode_steps + 1
         )
 
-    return IMPALA(init, update, train, evaluate, policy, spec)
+    def learner_init(key: jax.Array, hparams: Hyperparams | None = None) -> LearnerState:
+        """--architecture sebulba: the learner's half of `init` (the same
+        parameters for the same key); the environments live in the actor threads."""
+        state = init(key, hparams)
+        return LearnerState(
+            state.params,
+            state.target_params,
+            state.opt_state,
+            state.key,
+            state.update_step,
+            state.gradient_steps,
+            state.kl_coef,
+            state.hparams,
+        )
+
+    # --architecture sebulba: each actor thread steps envs_per_actor environments.
+    sebulba = args.architecture == "sebulba"
+    actor_env = (
+        envs.make(args.env_id, args.envs_per_actor, flatten_obs=torso == "mlp", **max_steps)[0] if sebulba else env
+    )
+
+    def actor_reset(key: jax.Array):
+        return actor_env.reset(key, env_params)
+
+    def actor_rollout(params: nnx.State, env_state, obs: jax.Array, key: jax.Array):
+        return collect_rollout(actor_env, env_params, graphdef, params, env_state, obs, key, args.num_steps)
+
+    return IMPALA(init, update, train, evaluate, policy, spec, learner_init, learner_update, actor_reset, actor_rollout)
+
+
+# --------------------------------------------------------------------------- #
+# Actor-learner (--architecture sebulba): Python threads on JAX devices
+# --------------------------------------------------------------------------- #
+class ParameterSlot:
+    """The learner's newest parameters and their version (the updates they
+    have seen), behind a lock: the learner publishes after every update, and
+    every actor thread reads the slot before each rollout, copying the
+    parameters to its own device when the version has moved."""
+
+    def __init__(self, version: int, params: nnx.State):
+        self._lock = threading.Lock()
+        self._version, self._params = version, params
+
+    def publish(self, version: int, params: nnx.State) -> None:
+        with self._lock:
+            self._version, self._params = version, params
+
+    def read(self) -> tuple[int, nnx.State]:
+        with self._lock:
+            return self._version, self._params
+
+
+class ActorThreads:
+    """`num_actor_threads` Python threads. Actor i steps its own envs_per_actor
+    environments on `devices[i % len(devices)]` with a jitted rollout
+    (`collect_rollout`, the in-jit mode's) and its own copy of the parameters,
+    and puts each rollout [T, envs_per_actor], with its log mu and the
+    parameter version it acted with, into the bounded queue (blocking while it
+    is full). Together they make exactly `blocks` blocks (what the learner's
+    remaining updates take), so a finished run leaves the queue empty; `halt`
+    stops them after their current rollout. An exception in a thread halts
+    all of them and is kept in `errors` for the learner to raise."""
+
+    def __init__(
+        self, args: Args, algo: IMPALA, devices, slot: ParameterSlot, trajectories: queue.Queue, blocks: int, key
+    ):
+        self.slot, self.queue = slot, trajectories
+        self.halt = threading.Event()
+        self.errors: list[BaseException] = []
+        self.produced: list[list[int]] = []  # [actor id, sequence] of every block put in the queue
+        self._blocks_left, self._lock = blocks, threading.Lock()
+        self._reset = jax.jit(algo.actor_reset, compiler_options=runner.RUN_ONCE)
+        # The env state and observations are the thread's own: updated in place.
+        self._rollout = jax.jit(algo.actor_rollout, donate_argnums=(1, 2))
+        self.threads = [
+            threading.Thread(
+                target=self._run,
+                args=(i, devices[i % len(devices)], jax.random.fold_in(key, i)),
+                name=f"impala-actor-{i}",
+                daemon=True,  # a second Ctrl-C ends the process even if one is stuck
+            )
+            for i in range(args.num_actor_threads)
+        ]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def stop(self, timeout: float) -> list[str]:
+        """Halt the threads and join them; returns the names of any still alive after `timeout` seconds."""
+        self.halt.set()
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        return [thread.name for thread in self.threads if thread.is_alive()]
+
+    def _take_block(self) -> bool:
+        with self._lock:
+            if self._blocks_left == 0 or self.halt.is_set():
+                return False
+            self._blocks_left -= 1
+            return True
+
+    def _run(self, actor_id: int, device, key: jax.Array) -> None:
+        try:
+            self._act(actor_id, device, key)
+        except BaseException as error:  # handed to the learner, which raises it
+            self.errors.append(error)
+            self.halt.set()
+
+    def _act(self, actor_id: int, device, key: jax.Array) -> None:
+        key, reset_key = jax.random.split(jax.device_put(key, device))
+        obs, env_state = self._reset(reset_key)
+        version, params, sequence = -1, None, 0
+        while self._take_block():
+            latest, learner_params = self.slot.read()
+            if latest != version:  # the learner has published: copy its parameters to this device
+                version, params = latest, jax.device_put(learner_params, device)
+            (env_state, obs, key), transitions = self._rollout(params, env_state, obs, key)
+            block = TrajectoryBlock(jax.block_until_ready(transitions), actor_id, sequence, version)
+            while not self.halt.is_set():
+                try:
+                    self.queue.put(block, timeout=0.05)
+                except queue.Full:
+                    continue
+                self.produced.append([actor_id, sequence])
+                sequence += 1
+                break
+
+
+@dataclass
+class SebulbaResult(runner.RunResult):
+    """What `main` returns with --architecture sebulba: runner.RunResult
+    (`state` is the final LearnerState, without a seed axis; metrics and
+    eval_returns have the seed axis of size 1; `chunk_traces` counts the
+    traces of the learner's step) and the queue's `ledger` of this process."""
+
+    ledger: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def sebulba_devices(args: Args) -> tuple[list, list]:
+    """(actor devices, learner devices) from the device ids, refusing ids
+    outside jax.devices()."""
+    devices = jax.devices()
+    for name in ("actor_device_ids", "learner_device_ids"):
+        ids = getattr(args, name)
+        if max(ids) >= len(devices):
+            raise ValueError(
+                f"{name}={ids!r} names a device that does not exist: {len(devices)} visible "
+                f"({devices[0].platform}); accepted: ids in 0 ... {len(devices) - 1} (on a CPU, "
+                "XLA_FLAGS=--xla_force_host_platform_device_count=N makes N devices)"
+            )
+    return [devices[i] for i in args.actor_device_ids], [devices[i] for i in args.learner_device_ids]
+
+
+class SebulbaLearner:
+    """The learner of --architecture sebulba, on the main thread (where the
+    signals arrive): it takes num_actor_threads trajectory blocks from the
+    queue per update, places them on the learner devices (split along the
+    environment axis when there are several), runs the in-jit mode's learner
+    update on them (`learner_update`: V-trace, the IMPALA or APPO loss, the
+    optimiser), publishes the new parameters, and logs, checkpoints and
+    evaluates like jaxzoo.runner. Its bookkeeping of the blocks (`consumed`,
+    `unused`) and the actors' `produced` form the run's ledger."""
+
+    def __init__(self, args: Args, algo: IMPALA, learner_devices: list, run_dir):
+        self.args, self.algo, self.run_dir = args, algo, run_dir
+        mesh = Mesh(np.asarray(learner_devices), (parallel.DATA_AXIS,))
+        # Several learner devices: the data mode of jaxzoo.parallel (`constrain_data` in minibatch_step).
+        self.layout = parallel.Layout("data", mesh) if len(learner_devices) > 1 else parallel.Layout("off", None)
+        self.replicated = NamedSharding(mesh, P())
+        self.block_sharding = NamedSharding(mesh, P(None, parallel.DATA_AXIS))  # [T, envs_per_actor, ...]
+        self.abstract_state = jax.eval_shape(algo.learner_init, jax.random.key(0))
+        self.consumed: list[list[int]] = []  # [actor id, sequence, update] of every block learned from
+        self.unused: list[list[int]] = []  # [actor id, sequence] of blocks left when a signal stopped the run
+        self.pending: list[dict[str, Any]] = []  # updates not yet written to metrics.csv
+        self.history: dict[str, list[np.ndarray]] = {}
+        self.traces = 0
+
+    def compile(self):
+        """The learner's step, lowered for the placed state and blocks and compiled once."""
+        algo, k = self.algo, self.args.num_actor_threads
+
+        def step(state: LearnerState, blocks: tuple[Transition, ...]):
+            self.traces += 1
+            traj = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *blocks)  # [T, num_envs]
+            key, learn_key = jax.random.split(state.key)
+            state, metrics = algo.learner_update(state.replace(key=key), batch_of(traj), learn_key)
+            return state, {**episode_metrics_of(traj), **metrics}, runner.first_nonfinite_leaf(state)
+
+        def one_block(state, key):
+            obs, env_state = algo.actor_reset(key)
+            return algo.actor_rollout(state.params, env_state, obs, key)[1]
+
+        placed = lambda tree, sharding: jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
+        )
+        block = placed(jax.eval_shape(one_block, self.abstract_state, jax.random.key(0)), self.block_sharding)
+        with self.layout.tracing():
+            lowered = jax.jit(step, out_shardings=self.replicated).lower(
+                placed(self.abstract_state, self.replicated), (block,) * k
+            )
+        return lowered.compile()
+
+    def initial_state(self) -> tuple[LearnerState, int]:
+        """(the learner state on the learner devices, updates done): fresh, or from the newest checkpoint."""
+        args = self.args
+        if args.resume is None:
+            init = jax.jit(self.algo.learner_init, out_shardings=self.replicated, compiler_options=runner.RUN_ONCE)
+            return init(jax.random.key(args.seed)), 0
+        state, updates_done = checkpoint.restore(self.run_dir, self.abstract_state)
+        if updates_done > args.num_updates:
+            raise ValueError(
+                f"--resume {self.run_dir}: its checkpoint is at update {updates_done}, past this run's "
+                f"{args.num_updates} updates (total_timesteps={args.total_timesteps}); give a larger "
+                "--total-timesteps to continue it"
+            )
+        return jax.device_put(state, self.replicated), updates_done
+
+    def take(self, actors: ActorThreads, trajectories: queue.Queue, stop: runner.StopRequest):
+        """num_actor_threads blocks from the queue, whichever actors made them,
+        or None if a signal or a failed actor stops the run first (blocks
+        already taken are then `unused`)."""
+        blocks: list[TrajectoryBlock] = []
+        while len(blocks) < self.args.num_actor_threads:
+            if stop.signum is not None or actors.errors:
+                self.unused.extend([b.actor_id, b.sequence] for b in blocks)
+                return None
+            try:
+                blocks.append(trajectories.get(timeout=0.05))
+            except queue.Empty:
+                continue
+        return blocks
+
+    def record(self, update: int, blocks: list[TrajectoryBlock], metrics, bad_leaf, fill: float, waited: float):
+        """Keep one update's metrics (device arrays, copied at the next flush) and ledger entries."""
+        self.consumed.extend([b.actor_id, b.sequence, update] for b in blocks)
+        lags = np.array([update - 1 - b.params_version for b in blocks])  # learner updates since the acting parameters
+        host = {
+            "policy_lag_mean": lags.mean(),
+            "policy_lag_max": lags.max(),
+            "queue_fill": fill,
+            "learner_wait_seconds": waited,
+        }
+        self.pending.append({"update": update, "metrics": metrics, "bad_leaf": bad_leaf, "host": host})
+
+    def flush(self, run_log, clock, evaluation: float | None = None) -> None:
+        """Write the pending updates to metrics.csv (one row each) and stop
+        the run (`cli.Diverged`) if the learner's state became non-finite.
+        `clock` = (start of the loop, seconds before a resume, end of the last flush)."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        device = jax.device_get([(p["metrics"], p["bad_leaf"]) for p in pending])
+        now = time.perf_counter()
+        start, before, last = clock
+        count, steps = len(pending), self.args.batch_size
+        update = np.array([p["update"] for p in pending])
+        metrics = {name: np.array([[m[name] for m, _ in device]], np.float64) for name in device[0][0]}
+        for name in pending[0]["host"]:
+            metrics[name] = np.array([[p["host"][name] for p in pending]], np.float64)
+        metrics["steps_per_second"] = np.full((1, count), count * steps / max(now - last, 1e-9))
+        metrics["wall_seconds"] = np.full((1, count), before + now - start)
+        if self.args.eval_every:
+            metrics["eval_return"] = np.full((1, count), np.nan)
+            if evaluation is not None:
+                metrics["eval_return"][0, -1] = evaluation
+        run_log.log(update, update * steps, metrics)
+        for name, values in metrics.items():
+            self.history.setdefault(name, []).append(values)
+        bad = [(u, int(leaf)) for u, (_, leaf) in zip(update, device) if leaf >= 0]
+        health = np.array([bad[0] if bad else (-1, -1)])
+        runner.check_health(health, self.abstract_state, metrics, int(update[0]) - 1, self.args, self.run_dir)
+
+
+def train_sebulba(args: Args, run_dir, stop: runner.StopRequest, actor_devices, learner_devices) -> SebulbaResult:
+    """--architecture sebulba inside its locked run directory (`main_sebulba`)."""
+    algo = make_train(args)
+    learner = SebulbaLearner(args, algo, learner_devices, run_dir)
+    compile_start = time.perf_counter()
+    state, updates_done = learner.initial_state()
+    run_log = logger.Run(
+        args,
+        run_dir,
+        total_steps=args.num_updates * args.batch_size,
+        tensorboard=args.tensorboard,
+        track=args.track,
+        resume_from_update=updates_done if args.resume else None,
+        meta={"algorithm": "impala", "jaxzoo_version": runner.package_version()},
+    )
+    try:
+        return _sebulba_loop(args, algo, learner, run_log, stop, state, updates_done, actor_devices, compile_start)
+    finally:
+        run_log.close()
+
+
+def _sebulba_loop(
+    args, algo, learner, run_log, stop, state, updates_done, actor_devices, compile_start
+) -> SebulbaResult:
+    """Start the actors, run the learner's updates, stop everything (a signal:
+    checkpoint and exit 128 + signum), evaluate greedily."""
+    num_updates, k = args.num_updates, args.num_actor_threads
+    trajectories: queue.Queue[TrajectoryBlock] = queue.Queue(maxsize=args.queue_size)
+    slot = ParameterSlot(updates_done, state.params)
+    # A resumed run's actors start fresh episodes from keys of their own.
+    actor_key = jax.random.fold_in(jax.random.fold_in(jax.random.key(args.seed), 2), updates_done)
+    actors = ActorThreads(args, algo, actor_devices, slot, trajectories, (num_updates - updates_done) * k, actor_key)
+    actors.start()  # they compile their rollouts while the learner compiles its step
+    step = learner.compile()
+    evaluate = jax.jit(algo.evaluate, compiler_options=None if args.eval_every else runner.RUN_ONCE)
+    eval_key = jax.random.fold_in(jax.random.key(args.seed), 1)  # as jaxzoo.runner's evaluation
+    compile_seconds = time.perf_counter() - compile_start
+    run_log.print(
+        f"{args.env_id}: sebulba, {k} actor thread(s) on {', '.join(str(d) for d in actor_devices)}, learner on "
+        f"{', '.join(str(d) for d in learner.replicated.mesh.devices.flat)} ({learner.layout.describe()}), "
+        f"{num_updates} updates x {args.batch_size} steps, queue of {args.queue_size} -> {run_log.dir}"
+        + (f" (resumed at update {updates_done})" if args.resume else "")
+    )
+    before = 0.0  # training-loop seconds already spent on the updates a resumed run keeps
+    kept = logger.read_metrics(run_log.dir) if args.resume and (run_log.dir / "metrics.csv").exists() else {}
+    if "wall_seconds" in kept and (kept["update"] == updates_done).any():
+        before = float(kept["wall_seconds"][kept["update"] == updates_done].max())
+    start = last = time.perf_counter()
+    done = last_checkpoint = updates_done
+    eval_returns = None
+    try:
+        for update in range(updates_done + 1, num_updates + 1):
+            fill, wait_start = trajectories.qsize() / args.queue_size, time.perf_counter()
+            blocks = learner.take(actors, trajectories, stop)
+            if blocks is None:
+                break
+            waited = time.perf_counter() - wait_start
+            placed = tuple(jax.device_put(b.transitions, learner.block_sharding) for b in blocks)
+            state, metrics, bad_leaf = step(state, placed)
+            slot.publish(update, state.params)
+            learner.record(update, blocks, metrics, bad_leaf, fill, waited)
+            done = update
+            evaluation = None
+            if args.eval_every and (update % args.eval_every == 0 or update == num_updates):
+                eval_returns = np.asarray(evaluate(state, eval_key))[None]
+                evaluation = float(eval_returns.mean())
+            if update % args.log_every == 0 or update == num_updates or evaluation is not None:
+                learner.flush(run_log, (start, before, last), evaluation)
+                last = time.perf_counter()
+            if args.save_model and (update - last_checkpoint >= args.checkpoint_every or update == num_updates):
+                learner.flush(run_log, (start, before, last))
+                checkpoint.save(run_log.dir, update, state)
+                last_checkpoint = update
+    finally:
+        alive = actors.stop(timeout=60.0)
+    while not trajectories.empty():  # blocks a stopped run did not learn from
+        block = trajectories.get_nowait()
+        learner.unused.append([block.actor_id, block.sequence])
+    if actors.errors:
+        raise actors.errors[0]
+    if alive:
+        raise RuntimeError(f"actor threads {alive} did not stop within 60 s of the learner's end")
+    learner.flush(run_log, (start, before, last))
+    train_seconds = time.perf_counter() - start
+    ledger = {
+        "resumed_at_update": updates_done,
+        "produced": actors.produced,
+        "consumed": learner.consumed,
+        "unused": learner.unused,
+    }
+    with open(run_log.dir / "queue_ledger.jsonl", "a") as f:  # one line per process of the run
+        f.write(json.dumps(ledger) + "\n")
+    run_log.progress(done * args.batch_size, final=True)
+    if stop.signum is not None and done < num_updates:
+        if args.save_model and done > last_checkpoint:
+            checkpoint.save(run_log.dir, done, state)
+            last_checkpoint = done
+        saved = (
+            f"checkpoint at update {last_checkpoint} written" if args.save_model else "no checkpoint (--no-save-model)"
+        )
+        run_log.print(
+            f"stopped by {signal.Signals(stop.signum).name} after update {done} of {num_updates}; "
+            f"{saved}. Resume with:\n  {runner.resume_command(run_log.dir)}"
+        )
+        raise SystemExit(128 + stop.signum)
+    if eval_returns is None:
+        eval_returns = np.asarray(evaluate(state, eval_key))[None]  # [1 seed, eval_episodes]
+    if not np.isfinite(eval_returns).all():
+        raise cli.Diverged(
+            f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "
+            f"no eval.json was written (run directory {run_log.dir})"
+        )
+    metrics = {name: np.concatenate(values, axis=1) for name, values in learner.history.items()}
+    lags = metrics.get("policy_lag_mean", np.zeros((1, 0)))
+    run_log.print(
+        f"greedy evaluation, {args.eval_episodes} episodes x 1 seed(s): {eval_returns.mean():.2f} +- "
+        f"{eval_returns.std():.2f}; training loop {train_seconds:.1f}s, "
+        f"{(done - updates_done) * args.batch_size / max(train_seconds, 1e-9):,.0f} env steps/s, "
+        f"policy lag {lags.mean() if lags.size else float('nan'):.2f} updates on average"
+    )
+    run_log.write_json(
+        "eval.json",
+        {
+            "returns": eval_returns,
+            "mean": float(eval_returns.mean()),
+            "compile_seconds": compile_seconds,
+            "train_seconds": train_seconds,
+            "chunk_traces": learner.traces,
+            "architecture": "sebulba",
+            "steps_per_second": (done - updates_done) * args.batch_size / max(train_seconds, 1e-9),
+        },
+    )
+    results.write_summary(run_log.dir, results.machine_info())  # summary.json, run_info.json (jaxzoo.results)
+    return SebulbaResult(
+        str(run_log.dir), state, metrics, eval_returns, learner.traces, compile_seconds, train_seconds, ledger
+    )
+
+
+def main_sebulba(args: Args) -> SebulbaResult:
+    """--architecture sebulba (after `runner.prepare`): the devices and flags
+    checked before a run directory is made, then `train_sebulba` in it."""
+    if args.capture_video:
+        raise ValueError(
+            "capture_video=True is not accepted with architecture='sebulba' yet; accepted: --architecture anakin"
+        )
+    actor_devices, learner_devices = sebulba_devices(args)
+    with runner.open_run_dir(args, "impala") as run_dir, runner.StopRequest() as stop:
+        return train_sebulba(args, run_dir, stop, actor_devices, learner_devices)
 
 
 # --------------------------------------------------------------------------- #
@@ -761,6 +1295,8 @@ def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
     run directory, metrics.csv, progress, checkpoints, resume), then evaluate greedily."""
     args = runner.prepare(args, "impala")  # resume, run-root and cache checks, before anything is built
+    if args.architecture == "sebulba":  # actor threads and a learner on the host (docs/impala.md, Actor-learner)
+        return main_sebulba(args)
     impala = make_train(args)
     return runner.run(
         args,
