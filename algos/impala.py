@@ -937,6 +937,7 @@ class ActorThreads:
         self._reset = jax.jit(algo.actor_reset, compiler_options=runner.RUN_ONCE)
         # The env state and observations are the thread's own: updated in place.
         self._rollout = jax.jit(algo.actor_rollout, donate_argnums=(1, 2))
+        self._ready = [threading.Event() for _ in range(args.num_actor_threads)]  # rollout compiled
         self.threads = [
             threading.Thread(
                 target=self._run,
@@ -950,6 +951,12 @@ class ActorThreads:
     def start(self) -> None:
         for thread in self.threads:
             thread.start()
+
+    def wait_ready(self, stopped) -> None:
+        """Wait until every actor has compiled its rollout for its device, or
+        `stopped()` is true, or an actor failed: the learner's clock starts after."""
+        while not all(event.wait(0.05) for event in self._ready) and not stopped() and not self.errors:
+            pass
 
     def stop(self, timeout: float) -> list[str]:
         """Halt the threads and join them; returns the names of any still alive after `timeout` seconds."""
@@ -976,12 +983,16 @@ class ActorThreads:
     def _act(self, actor_id: int, device, key: jax.Array) -> None:
         key, reset_key = jax.random.split(jax.device_put(key, device))
         obs, env_state = self._reset(reset_key)
-        version, params, sequence = -1, None, 0
+        version, learner_params = self.slot.read()
+        params = jax.device_put(learner_params, device)
+        rollout = self._rollout.lower(params, env_state, obs, key).compile()  # for this device
+        self._ready[actor_id].set()
+        sequence = 0
         while self._take_block():
             latest, learner_params = self.slot.read()
             if latest != version:  # the learner has published: copy its parameters to this device
                 version, params = latest, jax.device_put(learner_params, device)
-            (env_state, obs, key), transitions = self._rollout(params, env_state, obs, key)
+            (env_state, obs, key), transitions = rollout(params, env_state, obs, key)
             block = TrajectoryBlock(jax.block_until_ready(transitions), actor_id, sequence, version)
             while not self.halt.is_set():
                 try:
@@ -1041,6 +1052,9 @@ class SebulbaLearner:
         self.pending: list[dict[str, Any]] = []  # updates not yet written to metrics.csv
         self.history: dict[str, list[np.ndarray]] = {}
         self.traces = 0
+        # The training loop's clock: its start, the seconds a resumed run had already spent, the last flush.
+        self.start = self.last_flush = time.perf_counter()
+        self.clock_before_resume = 0.0
 
     def compile(self):
         """The learner's step, lowered for the placed state and blocks and compiled once."""
@@ -1109,23 +1123,23 @@ class SebulbaLearner:
         }
         self.pending.append({"update": update, "metrics": metrics, "bad_leaf": bad_leaf, "host": host})
 
-    def flush(self, run_log, clock, evaluation: float | None = None) -> None:
+    def flush(self, run_log, evaluation: float | None = None) -> None:
         """Write the pending updates to metrics.csv (one row each) and stop
-        the run (`cli.Diverged`) if the learner's state became non-finite.
-        `clock` = (start of the loop, seconds before a resume, end of the last flush)."""
+        the run (`cli.Diverged`) if the learner's state became non-finite."""
         if not self.pending:
             return
         pending, self.pending = self.pending, []
         device = jax.device_get([(p["metrics"], p["bad_leaf"]) for p in pending])
         now = time.perf_counter()
-        start, before, last = clock
         count, steps = len(pending), self.args.batch_size
         update = np.array([p["update"] for p in pending])
         metrics = {name: np.array([[m[name] for m, _ in device]], np.float64) for name in device[0][0]}
         for name in pending[0]["host"]:
             metrics[name] = np.array([[p["host"][name] for p in pending]], np.float64)
-        metrics["steps_per_second"] = np.full((1, count), count * steps / max(now - last, 1e-9))
-        metrics["wall_seconds"] = np.full((1, count), before + now - start)
+        # Env steps the learner consumed per second since the last flush (the actors make no more).
+        metrics["steps_per_second"] = np.full((1, count), count * steps / max(now - self.last_flush, 1e-9))
+        metrics["wall_seconds"] = np.full((1, count), self.clock_before_resume + now - self.start)
+        self.last_flush = now
         if self.args.eval_every:
             metrics["eval_return"] = np.full((1, count), np.nan)
             if evaluation is not None:
@@ -1137,9 +1151,45 @@ class SebulbaLearner:
         health = np.array([bad[0] if bad else (-1, -1)])
         runner.check_health(health, self.abstract_state, metrics, int(update[0]) - 1, self.args, self.run_dir)
 
+    def train(self, step, evaluate, state: LearnerState, updates_done: int, run_log, actors, trajectories, stop):
+        """Updates updates_done + 1 ... num_updates, or until a signal or a
+        failed actor stops them. Returns (state, updates done, last
+        checkpoint, final evaluation [1, eval_episodes] or None)."""
+        args, num_updates = self.args, self.args.num_updates
+        kept = logger.read_metrics(run_log.dir) if args.resume and (run_log.dir / "metrics.csv").exists() else {}
+        if "wall_seconds" in kept and (kept["update"] == updates_done).any():  # the clock continues on resume
+            self.clock_before_resume = float(kept["wall_seconds"][kept["update"] == updates_done].max())
+        self.start = self.last_flush = time.perf_counter()
+        done = last_checkpoint = updates_done
+        eval_returns = None
+        for update in range(updates_done + 1, num_updates + 1):
+            fill, wait_start = trajectories.qsize() / args.queue_size, time.perf_counter()
+            blocks = self.take(actors, trajectories, stop)
+            if blocks is None:
+                break
+            waited = time.perf_counter() - wait_start
+            placed = tuple(jax.device_put(b.transitions, self.block_sharding) for b in blocks)
+            state, metrics, bad_leaf = step(state, placed)
+            actors.slot.publish(update, state.params)
+            self.record(update, blocks, metrics, bad_leaf, fill, waited)
+            done, evaluation = update, None
+            if args.eval_every and (update % args.eval_every == 0 or update == num_updates):
+                eval_returns = np.asarray(evaluate(state))[None]
+                evaluation = float(eval_returns.mean())
+            if update % args.log_every == 0 or update == num_updates or evaluation is not None:
+                self.flush(run_log, evaluation)
+            if args.save_model and (update - last_checkpoint >= args.checkpoint_every or update == num_updates):
+                self.flush(run_log)  # metrics.csv never lacks rows a resumed run would not redo
+                checkpoint.save(run_log.dir, update, state)
+                last_checkpoint = update
+        self.flush(run_log)
+        return state, done, last_checkpoint, eval_returns
+
 
 def train_sebulba(args: Args, run_dir, stop: runner.StopRequest, actor_devices, learner_devices) -> SebulbaResult:
-    """--architecture sebulba inside its locked run directory (`main_sebulba`)."""
+    """--architecture sebulba inside its locked run directory (`main_sebulba`):
+    start the actors, run the learner, stop and join everything (after a
+    signal: checkpoint and exit 128 + signum), evaluate greedily."""
     algo = make_train(args)
     learner = SebulbaLearner(args, algo, learner_devices, run_dir)
     compile_start = time.perf_counter()
@@ -1153,110 +1203,97 @@ def train_sebulba(args: Args, run_dir, stop: runner.StopRequest, actor_devices, 
         resume_from_update=updates_done if args.resume else None,
         meta={"algorithm": "impala", "jaxzoo_version": runner.package_version()},
     )
+    trajectories: queue.Queue[TrajectoryBlock] = queue.Queue(maxsize=args.queue_size)
+    # A resumed run's actors start fresh episodes, from keys of their own.
+    actor_key = jax.random.fold_in(jax.random.fold_in(jax.random.key(args.seed), 2), updates_done)
+    blocks = (args.num_updates - updates_done) * args.num_actor_threads
+    slot = ParameterSlot(updates_done, state.params)
+    actors = ActorThreads(args, algo, actor_devices, slot, trajectories, blocks, actor_key)
+    eval_key = jax.random.fold_in(jax.random.key(args.seed), 1)  # as jaxzoo.runner's evaluation
+    compiled_eval = jax.jit(algo.evaluate, compiler_options=None if args.eval_every else runner.RUN_ONCE)
+    evaluate = lambda state: compiled_eval(state, eval_key)
     try:
-        return _sebulba_loop(args, algo, learner, run_log, stop, state, updates_done, actor_devices, compile_start)
+        actors.start()  # they compile their rollouts while the learner compiles its step
+        step = learner.compile()
+        actors.wait_ready(lambda: stop.signum is not None)
+        compile_seconds = time.perf_counter() - compile_start  # the learner's and the actors' programs
+        run_log.print(
+            f"{args.env_id}: sebulba, {args.num_actor_threads} actor thread(s) on "
+            f"{', '.join(str(d) for d in actor_devices)}, learner on {', '.join(str(d) for d in learner_devices)} "
+            f"({learner.layout.describe()}), {args.num_updates} updates x {args.batch_size} steps, queue of "
+            f"{args.queue_size} -> {run_log.dir}" + (f" (resumed at update {updates_done})" if args.resume else "")
+        )
+        state, done, last_checkpoint, eval_returns = learner.train(
+            step, evaluate, state, updates_done, run_log, actors, trajectories, stop
+        )
+        train_seconds = time.perf_counter() - learner.start
+        alive = actors.stop(timeout=60.0)
+        if actors.errors:
+            raise actors.errors[0]
+        if alive:
+            raise RuntimeError(f"actor threads {alive} did not stop within 60 s of the learner's end")
+        while not trajectories.empty():  # blocks made before a signal stopped the run, never learned from
+            block = trajectories.get_nowait()
+            learner.unused.append([block.actor_id, block.sequence])
+        ledger = {"resumed_at_update": updates_done, "produced": actors.produced, "consumed": learner.consumed}
+        ledger["unused"] = learner.unused
+        with open(run_log.dir / "queue_ledger.jsonl", "a") as f:  # one line per process of the run
+            f.write(json.dumps(ledger) + "\n")
+        run_log.progress(done * args.batch_size, final=True)
+        if stop.signum is not None and done < args.num_updates:
+            _stop_sebulba(args, run_log, stop.signum, state, done, last_checkpoint)
+        if eval_returns is None:
+            eval_returns = np.asarray(evaluate(state))[None]  # [1 seed, eval_episodes]
+        metrics = {name: np.concatenate(values, axis=1) for name, values in learner.history.items()}
+        _write_sebulba_evaluation(args, run_log, eval_returns, metrics, learner.traces, compile_seconds, train_seconds)
+        return SebulbaResult(
+            str(run_log.dir), state, metrics, eval_returns, learner.traces, compile_seconds, train_seconds, ledger
+        )
     finally:
+        actors.stop(timeout=60.0)  # on every way out (an error, a second Ctrl-C): no thread outlives the run
         run_log.close()
 
 
-def _sebulba_loop(
-    args, algo, learner, run_log, stop, state, updates_done, actor_devices, compile_start
-) -> SebulbaResult:
-    """Start the actors, run the learner's updates, stop everything (a signal:
-    checkpoint and exit 128 + signum), evaluate greedily."""
-    num_updates, k = args.num_updates, args.num_actor_threads
-    trajectories: queue.Queue[TrajectoryBlock] = queue.Queue(maxsize=args.queue_size)
-    slot = ParameterSlot(updates_done, state.params)
-    # A resumed run's actors start fresh episodes from keys of their own.
-    actor_key = jax.random.fold_in(jax.random.fold_in(jax.random.key(args.seed), 2), updates_done)
-    actors = ActorThreads(args, algo, actor_devices, slot, trajectories, (num_updates - updates_done) * k, actor_key)
-    actors.start()  # they compile their rollouts while the learner compiles its step
-    step = learner.compile()
-    evaluate = jax.jit(algo.evaluate, compiler_options=None if args.eval_every else runner.RUN_ONCE)
-    eval_key = jax.random.fold_in(jax.random.key(args.seed), 1)  # as jaxzoo.runner's evaluation
-    compile_seconds = time.perf_counter() - compile_start
-    run_log.print(
-        f"{args.env_id}: sebulba, {k} actor thread(s) on {', '.join(str(d) for d in actor_devices)}, learner on "
-        f"{', '.join(str(d) for d in learner.replicated.mesh.devices.flat)} ({learner.layout.describe()}), "
-        f"{num_updates} updates x {args.batch_size} steps, queue of {args.queue_size} -> {run_log.dir}"
-        + (f" (resumed at update {updates_done})" if args.resume else "")
+def _stop_sebulba(args: Args, run_log, signum: int, state: LearnerState, done: int, last_checkpoint: int):
+    """After SIGINT / SIGTERM: a checkpoint of the learner at the update it
+    stopped after, the resume command, exit 128 + signum (as jaxzoo.runner)."""
+    if args.save_model and done > last_checkpoint:
+        checkpoint.save(run_log.dir, done, state)
+        last_checkpoint = done
+    kept = checkpoint.latest_update(run_log.dir)
+    saved = (
+        "no checkpoint (--no-save-model)"
+        if not args.save_model
+        else f"checkpoint at update {kept} written"
+        if kept is not None
+        else "no checkpoint yet (stopped before the first update): start it again instead"
     )
-    before = 0.0  # training-loop seconds already spent on the updates a resumed run keeps
-    kept = logger.read_metrics(run_log.dir) if args.resume and (run_log.dir / "metrics.csv").exists() else {}
-    if "wall_seconds" in kept and (kept["update"] == updates_done).any():
-        before = float(kept["wall_seconds"][kept["update"] == updates_done].max())
-    start = last = time.perf_counter()
-    done = last_checkpoint = updates_done
-    eval_returns = None
-    try:
-        for update in range(updates_done + 1, num_updates + 1):
-            fill, wait_start = trajectories.qsize() / args.queue_size, time.perf_counter()
-            blocks = learner.take(actors, trajectories, stop)
-            if blocks is None:
-                break
-            waited = time.perf_counter() - wait_start
-            placed = tuple(jax.device_put(b.transitions, learner.block_sharding) for b in blocks)
-            state, metrics, bad_leaf = step(state, placed)
-            slot.publish(update, state.params)
-            learner.record(update, blocks, metrics, bad_leaf, fill, waited)
-            done = update
-            evaluation = None
-            if args.eval_every and (update % args.eval_every == 0 or update == num_updates):
-                eval_returns = np.asarray(evaluate(state, eval_key))[None]
-                evaluation = float(eval_returns.mean())
-            if update % args.log_every == 0 or update == num_updates or evaluation is not None:
-                learner.flush(run_log, (start, before, last), evaluation)
-                last = time.perf_counter()
-            if args.save_model and (update - last_checkpoint >= args.checkpoint_every or update == num_updates):
-                learner.flush(run_log, (start, before, last))
-                checkpoint.save(run_log.dir, update, state)
-                last_checkpoint = update
-    finally:
-        alive = actors.stop(timeout=60.0)
-    while not trajectories.empty():  # blocks a stopped run did not learn from
-        block = trajectories.get_nowait()
-        learner.unused.append([block.actor_id, block.sequence])
-    if actors.errors:
-        raise actors.errors[0]
-    if alive:
-        raise RuntimeError(f"actor threads {alive} did not stop within 60 s of the learner's end")
-    learner.flush(run_log, (start, before, last))
-    train_seconds = time.perf_counter() - start
-    ledger = {
-        "resumed_at_update": updates_done,
-        "produced": actors.produced,
-        "consumed": learner.consumed,
-        "unused": learner.unused,
-    }
-    with open(run_log.dir / "queue_ledger.jsonl", "a") as f:  # one line per process of the run
-        f.write(json.dumps(ledger) + "\n")
-    run_log.progress(done * args.batch_size, final=True)
-    if stop.signum is not None and done < num_updates:
-        if args.save_model and done > last_checkpoint:
-            checkpoint.save(run_log.dir, done, state)
-            last_checkpoint = done
-        saved = (
-            f"checkpoint at update {last_checkpoint} written" if args.save_model else "no checkpoint (--no-save-model)"
-        )
-        run_log.print(
-            f"stopped by {signal.Signals(stop.signum).name} after update {done} of {num_updates}; "
-            f"{saved}. Resume with:\n  {runner.resume_command(run_log.dir)}"
-        )
-        raise SystemExit(128 + stop.signum)
-    if eval_returns is None:
-        eval_returns = np.asarray(evaluate(state, eval_key))[None]  # [1 seed, eval_episodes]
+    run_log.print(
+        f"stopped by {signal.Signals(signum).name} after update {done} of {args.num_updates}; "
+        f"{saved}. Resume with:\n  {runner.resume_command(run_log.dir)}"
+    )
+    raise SystemExit(128 + signum)
+
+
+def _write_sebulba_evaluation(args: Args, run_log, eval_returns, metrics, traces, compile_seconds, train_seconds):
+    """Print the greedy evaluation [1, eval_episodes] with the run's
+    throughput and lag, and write eval.json, summary.json and run_info.json."""
     if not np.isfinite(eval_returns).all():
         raise cli.Diverged(
             f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "
             f"no eval.json was written (run directory {run_log.dir})"
         )
-    metrics = {name: np.concatenate(values, axis=1) for name, values in learner.history.items()}
     lags = metrics.get("policy_lag_mean", np.zeros((1, 0)))
+    steps_per_second = metrics.get("steps_per_second", np.zeros((1, 0)))
     run_log.print(
         f"greedy evaluation, {args.eval_episodes} episodes x 1 seed(s): {eval_returns.mean():.2f} +- "
-        f"{eval_returns.std():.2f}; training loop {train_seconds:.1f}s, "
-        f"{(done - updates_done) * args.batch_size / max(train_seconds, 1e-9):,.0f} env steps/s, "
-        f"policy lag {lags.mean() if lags.size else float('nan'):.2f} updates on average"
+        f"{eval_returns.std():.2f}; training loop {train_seconds:.1f}s"
+        + (
+            f", {np.median(steps_per_second):,.0f} env steps/s (median over logged updates), "
+            f"policy lag {lags.mean():.2f} updates on average"
+            if lags.size
+            else ""
+        )
     )
     run_log.write_json(
         "eval.json",
@@ -1265,15 +1302,10 @@ def _sebulba_loop(
             "mean": float(eval_returns.mean()),
             "compile_seconds": compile_seconds,
             "train_seconds": train_seconds,
-            "chunk_traces": learner.traces,
-            "architecture": "sebulba",
-            "steps_per_second": (done - updates_done) * args.batch_size / max(train_seconds, 1e-9),
+            "chunk_traces": traces,
         },
     )
     results.write_summary(run_log.dir, results.machine_info())  # summary.json, run_info.json (jaxzoo.results)
-    return SebulbaResult(
-        str(run_log.dir), state, metrics, eval_returns, learner.traces, compile_seconds, train_seconds, ledger
-    )
 
 
 def main_sebulba(args: Args) -> SebulbaResult:
