@@ -290,13 +290,13 @@ def _rliable():
 
 def _seeded(seed: int):
     """rliable's bootstraps draw from numpy's global generator (np.random.choice),
-    whatever `random_state` is passed: seed it, and restore it afterwards."""
+    whatever `random_state` is passed (and arch deprecates passing one): seed
+    it, and restore it afterwards."""
 
     class Seeded:
         def __enter__(self):
             self.saved = np.random.get_state()
             np.random.seed(seed)
-            return np.random.RandomState(seed)
 
         def __exit__(self, *exc):
             np.random.set_state(self.saved)
@@ -325,9 +325,9 @@ def interval_estimates(
     aggregate = lambda x: np.array([metrics.aggregate_iqm(x), metrics.aggregate_mean(x)])
     out = {}
     for algorithm in scores:  # one at a time, each from the same seed: a row does not depend on the others
-        with _seeded(seed) as random_state:
+        with _seeded(seed):
             points, intervals = library.get_interval_estimates(
-                {algorithm: np.asarray(scores[algorithm], np.float64)}, aggregate, reps=reps, random_state=random_state
+                {algorithm: np.asarray(scores[algorithm], np.float64)}, aggregate, reps=reps
             )
         out[algorithm] = {
             name: Estimate(
@@ -346,11 +346,10 @@ def probability_of_improvement(
     tasks), with a 95% CI from resampling each algorithm's runs independently."""
     library, metrics = _rliable()
     pair_scores = {f"{x},{y}": (scores[x], scores[y]) for x, y in pairs}
-    with _seeded(seed) as random_state:
-        points, intervals = library.get_interval_estimates(
-            pair_scores, metrics.probability_of_improvement, reps=reps, random_state=random_state
-        )
-    return {k: Estimate(float(points[k]), float(intervals[k][0]), float(intervals[k][1])) for k in pair_scores}
+    with _seeded(seed):
+        points, intervals = library.get_interval_estimates(pair_scores, metrics.probability_of_improvement, reps=reps)
+    bounds = {k: np.ravel(intervals[k]) for k in pair_scores}  # [2, 1]: low, high
+    return {k: Estimate(float(points[k]), float(bounds[k][0]), float(bounds[k][1])) for k in pair_scores}
 
 
 def performance_profiles(

@@ -1,0 +1,143 @@
+"""jaxzoo.results and benchmarks/results.py: the summary.json every run writes
+(marl-eval / Stoix layout), its conversion from old run directories, rliable's
+IQM against a plain one, and docs/results.md regenerated from the committed runs."""
+
+import dataclasses
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from test_runner import ToyArgs, toy_algorithm
+
+from jaxzoo import cli, logger, results, runner
+from jaxzoo.algos import ppo
+
+needs_rliable = pytest.mark.skipif(
+    importlib.util.find_spec("rliable") is None, reason='the results extra: pip install -e ".[results]"'
+)
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("benchmarks_results", ROOT / "benchmarks" / "results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory):
+    args = dataclasses.replace(
+        cli.preset_args(ppo.Args, "ppo", "tiny"), run_root=str(tmp_path_factory.mktemp("runs")), num_seeds=2, seed=5
+    )
+    return args, ppo.main(args)
+
+
+def test_a_run_writes_its_summary_in_the_marl_eval_layout(ppo_run):
+    args, result = ppo_run
+    summary = json.loads(open(f"{result.run_dir}/summary.json").read())
+    evaluation = json.loads(open(f"{result.run_dir}/eval.json").read())
+    rows = logger.read_metrics(result.run_dir)
+    # {env: {task: {algorithm: {"seed_<seed>": {"step_<i>": ..., "absolute_metrics": ...}}}}}
+    assert list(summary) == ["gymnax"] and list(summary["gymnax"]) == ["CartPole-v1"]
+    runs = summary["gymnax"]["CartPole-v1"]["ppo"]
+    assert list(runs) == ["seed_5", "seed_6"]
+    for seed_index, run in enumerate(runs.values()):
+        keys = list(run)
+        assert keys[-1] == "absolute_metrics"  # marl-eval reads the last key as the absolute metrics
+        assert keys[:-1] == [f"step_{i}" for i in range(len(keys) - 1)]
+        assert run["absolute_metrics"] == {"episode_return": evaluation["returns"][seed_index]}
+        # Without --eval-every the steps are the logged training returns (tiny: fewer rows than MAX_STEPS).
+        mine = (rows["seed_index"] == seed_index) & np.isfinite(rows["episode_return"])
+        steps = [run[k] for k in keys[:-1]]
+        assert [s["step_count"] for s in steps] == rows["global_step"][mine].astype(int).tolist()
+        np.testing.assert_allclose([s["episode_return"][0] for s in steps], rows["episode_return"][mine], atol=1e-4)
+        assert all(set(s) == {"step_count", "elapsed_time", "episode_return"} for s in steps)
+    info = json.loads(open(f"{result.run_dir}/run_info.json").read())
+    assert info["algorithm"] == "ppo" and info["seeds"] == [5, 6] and info["env_steps"] == rows["global_step"].max()
+    assert info["train_seconds"] == evaluation["train_seconds"] and info["machine"]["cpu_cores"] >= 1
+
+
+def test_summarize_run_dir_rebuilds_what_the_run_wrote(ppo_run):
+    _, result = ppo_run
+    written = json.loads(open(f"{result.run_dir}/summary.json").read())
+    assert results.summarize_run_dir(result.run_dir) == written
+    (loaded,) = results.load_results([result.run_dir])
+    np.testing.assert_allclose(loaded.final_returns, result.eval_returns.mean(1))
+    assert loaded.seeds == [5, 6] and loaded.algorithm == "ppo" and loaded.task == "CartPole-v1"
+
+
+def test_periodic_evaluations_are_the_steps_when_logged(tmp_path):
+    init, update, evaluate = toy_algorithm()
+    result = runner.run(
+        ToyArgs(run_root=str(tmp_path)), "toy", init, update, evaluate, num_updates=9, steps_per_update=10, eval_every=3
+    )
+    runs = json.loads(open(f"{result.run_dir}/summary.json").read())["gymnax"]["Toy"]["toy"]
+    for seed_index, run in enumerate(runs.values()):
+        steps = [v for k, v in run.items() if k != "absolute_metrics"]
+        # Chunks of 2 updates: evaluations after updates 4, 6 and 9 (tests/test_runner.py).
+        assert [s["step_count"] for s in steps] == [40, 60, 90]
+        assert steps[-1]["episode_return"] == [pytest.approx(float(result.eval_returns[seed_index].mean()))]
+
+
+def test_long_runs_are_thinned_to_max_steps(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "MAX_STEPS", 3)
+    init, update, evaluate = toy_algorithm()
+    result = runner.run(
+        ToyArgs(run_root=str(tmp_path)), "toy", init, update, evaluate, num_updates=9, steps_per_update=10
+    )
+    run = json.loads(open(f"{result.run_dir}/summary.json").read())["gymnax"]["Toy"]["toy"]["seed_0"]
+    # Updates 1..9 log returns 1..9: three windows of three, each at its last update.
+    assert [run[f"step_{i}"]["step_count"] for i in range(3)] == [30, 60, 90]
+    assert [run[f"step_{i}"]["episode_return"] for i in range(3)] == [[2.0], [5.0], [8.0]]
+
+
+@pytest.mark.parametrize(
+    "env_id, limit, expected",
+    [
+        ("CartPole-v1", 0, ("gymnax", "CartPole-v1")),
+        ("CartPole-v1", 200, ("gymnax", "CartPole-v1 (max 200 steps)")),
+        ("Breakout-MinAtar", 0, ("minatar", "Breakout-MinAtar")),
+        ("dmc:cartpole-swingup", 0, ("dmc", "cartpole-swingup")),
+    ],
+)
+def test_env_family_and_task(env_id, limit, expected):
+    assert results.env_and_task(env_id, limit) == expected
+
+
+def plain_iqm(scores):
+    """Sort every score, drop the lowest and highest quarter (floor), average the rest."""
+    values = np.sort(np.ravel(scores))
+    cut = len(values) // 4
+    return values[cut : len(values) - cut].mean()
+
+
+@needs_rliable
+def test_iqm_and_its_interval_agree_with_a_plain_iqm():
+    scores = np.array([[10.0], [500.0], [480.0], [470.0], [30.0], [490.0], [450.0], [460.0]])  # [runs, tasks]
+    estimate = results.interval_estimates({"a": scores}, reps=300)["a"]
+    assert estimate["iqm"].value == pytest.approx(plain_iqm(scores))  # 465: the mean of 450, 460, 470, 480
+    assert estimate["mean"].value == pytest.approx(scores.mean())
+    assert estimate["iqm"].low <= estimate["iqm"].value <= estimate["iqm"].high
+    assert estimate["mean"].value < 400 < estimate["iqm"].value  # the two outlier seeds drag the mean only
+    assert results.interval_estimates({"a": scores}, reps=300) == results.interval_estimates({"a": scores}, reps=300)
+    poi = results.probability_of_improvement({"a": scores, "b": scores - 1000}, [("a", "b")], reps=100)
+    assert poi["a,b"].value == 1.0
+
+
+@needs_rliable
+def test_results_page_regenerates_from_the_committed_runs():
+    """docs/results.md holds no hand-typed number: it is exactly what
+    benchmarks/results.py makes of docs/data/runs/."""
+    page = load_benchmark().committed_page()
+    assert (ROOT / "docs" / "results.md").read_text() == page, "run `python benchmarks/results.py`"
+
+
+def test_committed_run_files_are_small_summaries():
+    files = sorted((ROOT / "docs" / "data" / "runs").rglob("*"))
+    assert any(f.name == "summary.json" for f in files)
+    for f in files:
+        if f.is_file():
+            assert f.name in ("summary.json", "run_info.json", "args.json"), f
+            assert f.stat().st_size < 200_000, f
