@@ -100,15 +100,20 @@ def _windows(update: np.ndarray, values: np.ndarray, steps: np.ndarray, clock: n
     return entries
 
 
-def summarize_run_dir(run_dir: str | Path) -> dict:
+def _read_rows(run_dir: Path) -> dict[str, np.ndarray]:
+    return logger.read_metrics(run_dir) if (run_dir / "metrics.csv").exists() else {}
+
+
+def summarize_run_dir(run_dir: str | Path, rows: dict[str, np.ndarray] | None = None) -> dict:
     """summary.json's content for a finished run directory (args.json,
-    metrics.csv and eval.json; without metrics.csv, only the absolute metrics)."""
+    metrics.csv and eval.json; without metrics.csv, only the absolute metrics).
+    `rows`: metrics.csv already read (`logger.read_metrics`)."""
     run_dir = Path(run_dir)
     args = json.loads((run_dir / "args.json").read_text())
     evaluation = json.loads((run_dir / "eval.json").read_text())
     family, task = env_and_task(args["env_id"], int(args.get("max_episode_steps") or 0))
     returns = np.asarray(evaluation["returns"], np.float64)  # [num_seeds, eval_episodes]
-    rows = logger.read_metrics(run_dir) if (run_dir / "metrics.csv").exists() else {}
+    rows = _read_rows(run_dir) if rows is None else rows
     column = "eval_return" if np.isfinite(rows.get("eval_return", [np.nan])).any() else METRIC
     runs = {}
     for seed_index, episode_returns in enumerate(returns):
@@ -148,14 +153,14 @@ def machine_info() -> dict:
     }
 
 
-def run_info(run_dir: str | Path, machine: dict | None = None) -> dict:
+def run_info(run_dir: str | Path, machine: dict | None = None, rows: dict[str, np.ndarray] | None = None) -> dict:
     """run_info.json's content: the run's facts summary.json has no place for.
     `machine` is `machine_info()` when the run itself writes it, None (unknown)
     when an old run directory is converted on another day."""
     run_dir = Path(run_dir)
     args = json.loads((run_dir / "args.json").read_text())
     evaluation = json.loads((run_dir / "eval.json").read_text())
-    rows = logger.read_metrics(run_dir) if (run_dir / "metrics.csv").exists() else {}
+    rows = _read_rows(run_dir) if rows is None else rows
     has_eval = np.isfinite(rows.get("eval_return", [np.nan])).any()
     returns = np.asarray(evaluation["returns"])
     return {
@@ -187,8 +192,9 @@ def _dumps(value: Any, depth: int = 0) -> str:
 def write_summary(run_dir: str | Path, machine: dict | None = None) -> None:
     """Write summary.json and run_info.json into a finished run directory."""
     run_dir = Path(run_dir)
-    (run_dir / SUMMARY).write_text(_dumps(summarize_run_dir(run_dir)) + "\n")
-    (run_dir / RUN_INFO).write_text(json.dumps(run_info(run_dir, machine), indent=2) + "\n")
+    rows = _read_rows(run_dir)  # once: a long run's metrics.csv takes seconds to parse
+    (run_dir / SUMMARY).write_text(_dumps(summarize_run_dir(run_dir, rows)) + "\n")
+    (run_dir / RUN_INFO).write_text(json.dumps(run_info(run_dir, machine, rows), indent=2) + "\n")
 
 
 # Reading many runs.
