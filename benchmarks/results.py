@@ -143,6 +143,7 @@ def group_runs(found: list[results.Result], root: Path | None) -> dict[str, list
             name = r.path.resolve().relative_to(root.resolve()).as_posix() if root else str(r.path)
         except ValueError:
             name = str(r.path)
+        name = r.path.name if name == "." else name
         groups.setdefault(f"{name}\t{r.task}", []).append(r)
     order = {a: i for i, a in enumerate(ALGORITHMS)}
     return dict(sorted(groups.items(), key=lambda kv: (order.get(kv[1][0].info.get("algorithm"), 99), kv[0])))
@@ -297,7 +298,12 @@ def interval_rows(groups: dict[str, list[results.Result]]) -> dict[str, dict[str
 
 
 def render(
-    groups: dict[str, list[results.Result]], comparisons: list, reps: int, source: str, img_link: str = "img/"
+    groups: dict[str, list[results.Result]],
+    comparisons: list,
+    reps: int,
+    source: str,
+    img_link: str = "img/",
+    committed: bool = True,
 ) -> str:
     """The whole markdown page (figures are drawn separately, by `draw`)."""
     present = {r.info.get("algorithm") for members in groups.values() for r in members}
@@ -314,7 +320,7 @@ def render(
         "",
     ]
     absent = [a for a in ALGORITHMS if a not in present]
-    if absent:
+    if absent and committed:
         lines += [
             "No committed runs yet for: "
             + ", ".join(f"[{a}]({a}.md)" for a in absent)
@@ -381,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         groups = group_runs(results.load_results(args.runs), root)
         comparisons = user_comparisons(groups, args.compare)
         link = f"{args.img_dir}/" if args.img_dir else "img/"
-        print(render(groups, comparisons, args.reps, " ".join(map(str, args.runs)), link), end="")
+        print(render(groups, comparisons, args.reps, " ".join(map(str, args.runs)), link, committed=False), end="")
         if args.img_dir:
             for path in draw(groups, comparisons, args.reps, args.img_dir):
                 print(f"wrote {path}", file=sys.stderr)

@@ -218,14 +218,20 @@ class Result:
 def read_summary(path: str | Path) -> list[Result]:
     """The Results of one summary.json (or of a run directory: its summary.json,
     or one built from its args.json / metrics.csv / eval.json), with the
-    run_info.json beside it if there is one."""
+    run_info.json beside it (or, in an older run directory, one built from
+    its files)."""
     path = Path(path)
     directory = path if path.is_dir() else path.parent
     if path.is_dir():
         tree = json.loads((path / SUMMARY).read_text()) if (path / SUMMARY).exists() else summarize_run_dir(path)
     else:
         tree = json.loads(path.read_text())
-    info = json.loads((directory / RUN_INFO).read_text()) if (directory / RUN_INFO).exists() else {}
+    if (directory / RUN_INFO).exists():
+        info = json.loads((directory / RUN_INFO).read_text())
+    elif (directory / "args.json").exists() and (directory / "eval.json").exists():
+        info = run_info(directory)  # a run directory made before run_info.json: its machine is unknown
+    else:
+        info = {}
     results = []
     for family, tasks in tree.items():
         for task, algorithms in tasks.items():
@@ -241,23 +247,24 @@ def read_summary(path: str | Path) -> list[Result]:
 
 
 def load_results(paths: Iterable[str | Path]) -> list[Result]:
-    """Every summary.json under `paths` (files, or folders searched
-    recursively; a run directory without one is summarized from its files),
-    in path order."""
-    results = []
+    """The runs under `paths`: summary.json files, or folders searched
+    recursively for directories holding a summary.json, or args.json and
+    eval.json (a run made before summaries existed, summarized from its
+    files); in path order."""
+    loaded = []
     for path in map(Path, paths):
-        if path.is_dir() and not (path / SUMMARY).exists():
-            found = sorted(path.rglob(SUMMARY))
-            if found:
-                for summary in found:
-                    results += read_summary(summary)
-                continue
-            if not (path / "eval.json").exists():
-                raise FileNotFoundError(
-                    f"{path}: no {SUMMARY} under it, and not a finished run directory (no eval.json)"
-                )
-        results += read_summary(path)
-    return results
+        if path.is_file():
+            loaded += read_summary(path)
+            continue
+        found = {p.parent for p in path.rglob(SUMMARY)}
+        found |= {p.parent for p in path.rglob("eval.json") if (p.parent / "args.json").exists()}
+        if not found:
+            raise FileNotFoundError(
+                f"{path}: no {SUMMARY}, and no finished run directory (args.json, eval.json) under it"
+            )
+        for directory in sorted(found):
+            loaded += read_summary(directory)
+    return loaded
 
 
 def score_dict(results: Iterable[Result], tasks: list[str] | None = None) -> dict[str, np.ndarray]:

@@ -5,6 +5,7 @@ IQM against a plain one, and docs/results.md regenerated from the committed runs
 import dataclasses
 import importlib.util
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -66,6 +67,15 @@ def test_summarize_run_dir_rebuilds_what_the_run_wrote(ppo_run):
     (loaded,) = results.load_results([result.run_dir])
     np.testing.assert_allclose(loaded.final_returns, result.eval_returns.mean(1))
     assert loaded.seeds == [5, 6] and loaded.algorithm == "ppo" and loaded.task == "CartPole-v1"
+
+
+def test_a_run_dir_made_before_summaries_loads_from_its_files(ppo_run, tmp_path):
+    _, result = ppo_run
+    old = tmp_path / "old-run"
+    shutil.copytree(result.run_dir, old, ignore=shutil.ignore_patterns("summary.json", "run_info.json"))
+    (loaded,) = results.load_results([tmp_path])
+    np.testing.assert_allclose(loaded.final_returns, result.eval_returns.mean(1))
+    assert loaded.info["algorithm"] == "ppo" and loaded.info["machine"] is None  # unknown: not recorded then
 
 
 def test_periodic_evaluations_are_the_steps_when_logged(tmp_path):
