@@ -97,8 +97,12 @@ class Args:
     """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
     distributed_timeout: Annotated[int, AtLeastOne] = 120
     """seconds --distributed waits for every process to join before failing"""
+    capture_video: bool = False
+    """write an MP4 of each seed's first greedy-evaluation episode into the run directory's videos/ (needs the `video` extra; docs/video.md)"""
 
     # algorithm-specific
+    eval_every: Annotated[int, NonNegative] = 0
+    """updates between greedy evaluations during training, logged as eval_return (0: only at the end)"""
     appo: bool = False
     """APPO: PPO's clipped surrogate on the V-trace advantages against a target network (RLlib's APPO); else IMPALA's V-trace policy gradient (eq. 4)"""
     policy_lag: Annotated[int, NonNegative] = 2
@@ -735,7 +739,7 @@ class IMPALA(NamedTuple):
     init: Any  # (key, hparams=None) -> RunnerState
     update: Any  # RunnerState -> (RunnerState, metrics: dict of [] arrays)
     train: Any  # (key, hparams=None) -> (RunnerState, metrics: dict of [num_updates] arrays)
-    evaluate: Any  # (RunnerState, key) -> episode returns [eval_episodes]
+    evaluate: Any  # (RunnerState, key) -> episode returns [eval_episodes]; with --capture-video also an envs.Recording
     policy: Any  # (params, obs [B, *obs_shape]) -> (distribution, value [B])
     spec: envs.EnvSpec
     # --architecture sebulba: the same learner, and one actor thread's environments
@@ -759,6 +763,8 @@ def make_train(args: Args) -> IMPALA:
     env, env_params = envs.make(args.env_id, args.num_envs, flatten_obs=torso == "mlp", **max_steps)
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp", **max_steps)
     spec = envs.spec(env, env_params)
+    if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
+        eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
     build = lambda key: ActorCritic(spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(key))
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: build(0)))
     num_updates, lag = args.num_updates, args.policy_lag
@@ -1338,6 +1344,7 @@ def main(args: Args) -> runner.RunResult:
         impala.evaluate,
         num_updates=args.num_updates,
         steps_per_update=args.batch_size,
+        eval_every=args.eval_every,
         # --parallel data: the environments (axis 0 of env_state and obs) are split over devices.
         data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(env_state=0, obs=0),
         data_size=args.num_envs,

@@ -89,8 +89,12 @@ class Args:
     """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
     distributed_timeout: Annotated[int, AtLeastOne] = 120
     """seconds --distributed waits for every process to join before failing"""
+    capture_video: bool = False
+    """write an MP4 of each seed's first greedy-evaluation episode into the run directory's videos/ (needs the `video` extra; docs/video.md)"""
 
     # algorithm-specific
+    eval_every: Annotated[int, NonNegative] = 0
+    """updates between greedy evaluations during training, logged as eval_return (0: only at the end)"""
     num_envs: Annotated[int, AtLeastOne] = 1
     """parallel environments per seed"""
     steps_per_update: Annotated[int, AtLeastOne] = 1000
@@ -702,7 +706,7 @@ class MPO(NamedTuple):
     init: Any  # (key, hparams=None) -> RunnerState
     update: Any  # RunnerState -> (RunnerState, metrics)
     train: Any  # (key, hparams=None) -> (RunnerState, metrics [num_updates])
-    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes]
+    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes]; with --capture-video also an envs.Recording
     learner_step: Any  # (Learner, batch windows, key) -> (Learner, metrics): one MPO update
     spec: envs.EnvSpec
     model: Model
@@ -717,6 +721,8 @@ def make_train(args: Args) -> MPO:
         )
     env, env_params = envs.make(args.env_id, args.num_envs, flatten_obs=True)
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=True)
+    if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
+        eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
     obs_dim = int(np.prod(spec.obs_shape))
     action_dim = spec.num_actions
     model = Model(
@@ -852,6 +858,7 @@ def main(args: Args) -> runner.RunResult:
         algo.evaluate,
         num_updates=args.num_updates,
         steps_per_update=args.steps_per_update,
+        eval_every=args.eval_every,
         # --parallel data: the environments (axis 0 of env_state and obs) and the replay columns they
         # fill (axis 1 of the buffer's data and priorities, [rows, num_envs]) are split over devices.
         data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(

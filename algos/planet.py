@@ -94,6 +94,8 @@ class Args:
     """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
     distributed_timeout: Annotated[int, AtLeastOne] = 120
     """seconds --distributed waits for every process to join before failing"""
+    capture_video: bool = False
+    """write an MP4 of each seed's first greedy-evaluation episode into the run directory's videos/ (needs the `video` extra; docs/video.md)"""
 
     # algorithm-specific
     eval_every: Annotated[int, NonNegative] = 0
@@ -684,7 +686,7 @@ def repeat_action(env, env_params, env_state, env_action, need_first, obs, key, 
         new_obs, new_state, r, terminated, truncated, info = env.step(key, env_state, env_action, env_params, *told)
         select = lambda new, old: jnp.where(active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old)
         carry = (
-            jax.tree.map(select, new_state, env_state),
+            envs.where_envs(active, new_state, env_state),
             reward + jnp.where(active, r, 0.0),
             done | (active & (terminated | truncated)),
             select(info["final_observation"], reached),
@@ -709,7 +711,7 @@ class PlaNet(NamedTuple):
     init: Any  # (key, hparams=None) -> RunnerState (seed episodes collected)
     update: Any  # RunnerState -> (RunnerState, metrics): collect_interval model updates, one planned episode
     train: Any  # (key, hparams=None) -> (RunnerState, metrics [num_updates])
-    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes]
+    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes]; with --capture-video also an envs.Recording
     model_step: Any  # (params, opt_state, batch Step [B, T], key, hparams=None) -> (params, opt_state, metrics)
     plan: Any  # (params, latent [D | Z], key, hparams=None) -> (action [A], predicted return [])
     spec: envs.EnvSpec
@@ -748,6 +750,8 @@ def make_envs(args: Args):
     pixel observations: rendered in JAX (common/pixels.py), or a DeepMind
     Control task stepped and rendered in Python through io_callback
     (common/dmc.py), which does the action repeat itself.
+    With --capture-video, the evaluation envs record each seed's first episode
+    (envs.RecordEpisode, for jaxzoo.video).
     Returns (env, eval_env, env_params, substeps: env.step calls per agent step)."""
     if dmc.is_dmc(args.env_id):
         size, grayscale, repeat = args.image_size, args.grayscale, args.action_repeat
@@ -755,10 +759,14 @@ def make_envs(args: Args):
             dmc.make, args.env_id, size=size, grayscale=grayscale, action_repeat=repeat, seed=args.seed
         )
         (env, env_params), (eval_env, _) = make(1, role=0), make(args.eval_episodes, role=1)
-        return env, eval_env, env_params, 1
-    make = functools.partial(pixels.make, args.env_id, size=args.image_size, grayscale=args.grayscale)
-    (env, env_params), (eval_env, _) = make(1), make(args.eval_episodes)
-    return env, eval_env, env_params, args.action_repeat
+        substeps = 1
+    else:
+        make = functools.partial(pixels.make, args.env_id, size=args.image_size, grayscale=args.grayscale)
+        (env, env_params), (eval_env, _) = make(1), make(args.eval_episodes)
+        substeps = args.action_repeat
+    if args.capture_video:
+        eval_env = envs.RecordEpisode(eval_env, env_spec(args.env_id).max_episode_steps + 1)
+    return env, eval_env, env_params, substeps
 
 
 def check_sizes(args: Args) -> None:
@@ -801,8 +809,7 @@ def make_train(args: Args) -> PlaNet:
     check_sizes(args)
     spec = env_spec(args.env_id)
     env, eval_env, env_params, substeps = make_envs(args)
-    on_host = dmc.is_dmc(args.env_id)
-    action_dim = spec.num_actions
+    on_host, action_dim = dmc.is_dmc(args.env_id), spec.num_actions
     low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
     slots = args.episode_steps + 1  # rows per episode: its first frame, then one per agent step
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(action_dim, args, nnx.Rngs(0))))
@@ -941,7 +948,8 @@ def make_train(args: Args) -> PlaNet:
             return (agent, finished, returns), None
 
         carry = (agent, jnp.zeros(n, bool), jnp.zeros(n))
-        return jax.lax.scan(slot, carry, jax.random.split(key, slots))[0][2]
+        agent, _, returns = jax.lax.scan(slot, carry, jax.random.split(key, slots))[0]
+        return envs.with_recording(returns, eval_env, agent.env_state)
 
     return PlaNet(init, update, train, evaluate, model_step, plan, spec, graphdef)
 

@@ -85,8 +85,12 @@ class Args:
     """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
     distributed_timeout: Annotated[int, AtLeastOne] = 120
     """seconds --distributed waits for every process to join before failing"""
+    capture_video: bool = False
+    """write an MP4 of each seed's first greedy-evaluation episode into the run directory's videos/ (needs the `video` extra; docs/video.md)"""
 
     # algorithm-specific
+    eval_every: Annotated[int, NonNegative] = 0
+    """updates between greedy evaluations during training, logged as eval_return (0: only at the end)"""
     max_episode_steps: Annotated[int, NonNegative] = 0
     """time limit of an episode in env steps; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0)"""
     num_envs: Annotated[int, AtLeastOne] = 4
@@ -535,7 +539,7 @@ class PPO(NamedTuple):
     init: Any  # (key, hparams=None) -> RunnerState
     update: Any  # RunnerState -> (RunnerState, metrics: dict of [] arrays)
     train: Any  # (key, hparams=None) -> (RunnerState, metrics: dict of [num_updates] arrays)
-    evaluate: Any  # (RunnerState, key) -> episode returns [eval_episodes]
+    evaluate: Any  # (RunnerState, key) -> episode returns [eval_episodes]; with --capture-video also an envs.Recording
     policy: Any  # (params, obs [B, *obs_shape]) -> (distribution, value [B])
     spec: envs.EnvSpec
 
@@ -562,6 +566,8 @@ def make_train(args: Args) -> PPO:
     )
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp", **max_steps)
     spec = envs.spec(env, env_params)
+    if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
+        eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
     # The module structure, without computing any weights (they are made per seed in `init`).
     graphdef = nnx.graphdef(
         nnx.eval_shape(
@@ -680,6 +686,7 @@ def main(args: Args) -> runner.RunResult:
         ppo.evaluate,
         num_updates=args.num_updates,
         steps_per_update=args.batch_size,
+        eval_every=args.eval_every,
         # --parallel data: the environments (axis 0 of env_state and obs) are split over devices.
         data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(env_state=0, obs=0),
         data_size=args.num_envs,

@@ -89,8 +89,12 @@ class Args:
     """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
     distributed_timeout: Annotated[int, AtLeastOne] = 120
     """seconds --distributed waits for every process to join before failing"""
+    capture_video: bool = False
+    """write an MP4 of each seed's first greedy-evaluation episode into the run directory's videos/ (needs the `video` extra; docs/video.md)"""
 
     # algorithm-specific
+    eval_every: Annotated[int, NonNegative] = 0
+    """updates between greedy evaluations during training, logged as eval_return (0: only at the end)"""
     num_envs: Annotated[int, AtLeastOne] = 10
     """parallel environments per seed"""
     steps_per_update: Annotated[int, AtLeastOne] = 1000
@@ -489,7 +493,7 @@ class Rainbow(NamedTuple):
     init: Any  # (key, hparams=None) -> RunnerState
     update: Any  # RunnerState -> (RunnerState, metrics)
     train: Any  # (key, hparams=None) -> (RunnerState, metrics [num_updates])
-    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes]
+    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes]; with --capture-video also an envs.Recording
     q_values: Any  # (params, obs, key | None) -> Q [..., A]
     spec: envs.EnvSpec
 
@@ -618,7 +622,8 @@ def make_train(args: Args) -> Rainbow:
         raise ValueError(f"torso='cnn' needs image observations [H, W, C]; {args.env_id} has {probe_spec.obs_shape}")
     env, env_params = envs.make(args.env_id, args.num_envs, flatten_obs=torso == "mlp")
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp")
-    spec = envs.spec(env, env_params)
+    spec = envs.spec(env, env_params)  # --capture-video: record each seed's first evaluation episode (jaxzoo.video)
+    eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1) if args.capture_video else eval_env
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: QNetwork(spec, args, torso, nnx.Rngs(0))))
     support = jnp.linspace(args.v_min, args.v_max, args.num_atoms)
     vector_steps = args.train_frequency // args.num_envs
@@ -772,6 +777,7 @@ def main(args: Args) -> runner.RunResult:
         algo.evaluate,
         num_updates=args.num_updates,
         steps_per_update=args.steps_per_update,
+        eval_every=args.eval_every,
         # --parallel data: the environments (axis 0 of env_state and obs) and the replay columns they
         # fill (axis 1 of the buffer's data and priorities, [rows, num_envs]) are split over devices.
         data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(

@@ -94,6 +94,8 @@ class Args:
     """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
     distributed_timeout: Annotated[int, AtLeastOne] = 120
     """seconds --distributed waits for every process to join before failing"""
+    capture_video: bool = False
+    """write an MP4 of each seed's first greedy-evaluation episode into the run directory's videos/ (needs the `video` extra; docs/video.md)"""
 
     # algorithm-specific
     eval_every: Annotated[int, NonNegative] = 0
@@ -750,7 +752,8 @@ def collect_step(env, env_params, search, state: RunnerState):
 def evaluate_greedy(eval_env, env_params, search, args: Args, max_steps: int, state: RunnerState, key: jax.Array):
     """One episode per eval env (E = eval_episodes), acting greedily with the
     search (no Gumbel or Dirichlet noise, argmax); the root sees the same
-    history as in collection. Returns the episode returns [E]."""
+    history as in collection. Returns the episode returns [E] (and the
+    recording, `envs.with_recording`, when eval_env records)."""
     reset_key, key = jax.random.split(key)
     obs, env_state = eval_env.reset(reset_key, env_params)
     E = args.eval_episodes
@@ -780,7 +783,8 @@ def evaluate_greedy(eval_env, env_params, search, args: Args, max_steps: int, st
 
     history = empty_history(E, args.context_steps, obs.shape[1:])
     carry = (obs, env_state, jnp.zeros(E, jnp.int32), history, key, jnp.zeros(E, bool), jnp.zeros(E), 0)
-    return jax.lax.while_loop(keep_going, body, carry)[6]
+    final = jax.lax.while_loop(keep_going, body, carry)
+    return envs.with_recording(final[6], eval_env, final[1])
 
 
 # ---- Learning ---------------------------------------------------------------------------
@@ -861,7 +865,7 @@ class UniZero(NamedTuple):
     init: Any  # (key, hparams=None) -> RunnerState
     update: Any  # RunnerState -> (RunnerState, metrics)
     train: Any  # (key, hparams=None) -> (RunnerState, metrics [num_updates])
-    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes] (search, no noise)
+    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes] (search, no noise); with --capture-video also an envs.Recording
     root_fn: Any  # (params, History) -> mctx.RootFnOutput
     recurrent_fn: Any  # mctx recurrent_fn(params, key, action [B], SearchNode) -> (RecurrentFnOutput, SearchNode)
     search: Any  # (params, History, key, explore, hparams=None) -> mctx.PolicyOutput
@@ -884,6 +888,8 @@ def make_train(args: Args) -> UniZero:
         )
     env, env_params = envs.make(args.env_id, args.num_envs, **env_kwargs)
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, **env_kwargs)
+    if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
+        eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
     N, L = args.num_envs, args.window_length
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(0))))
     optimizer = make_optimizer(args)

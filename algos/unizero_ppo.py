@@ -103,6 +103,8 @@ class Args:
     """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
     distributed_timeout: Annotated[int, AtLeastOne] = 120
     """seconds --distributed waits for every process to join before failing"""
+    capture_video: bool = False
+    """write an MP4 of each seed's first greedy-evaluation episode into the run directory's videos/ (needs the `video` extra; docs/video.md)"""
 
     # algorithm-specific
     eval_every: Annotated[int, NonNegative] = 0
@@ -909,7 +911,8 @@ def play(eval_env, env_params, max_steps: int, context: Context, key: jax.Array,
 
     timestep, finished = jnp.zeros(num_episodes, jnp.int32), jnp.zeros(num_episodes, bool)
     carry = (obs, env_state, timestep, context, 0, key, finished, jnp.zeros(num_episodes))
-    return jax.lax.while_loop(keep_going, body, carry)[7]
+    final = jax.lax.while_loop(keep_going, body, carry)
+    return envs.with_recording(final[7], eval_env, final[1])
 
 
 def search_root(model: WorldModel, context: Context, slot: jax.Array) -> mctx.RootFnOutput:
@@ -951,7 +954,7 @@ class UniZeroPPO(NamedTuple):
     init: Any  # (key, hparams=None) -> RunnerState
     update: Any  # RunnerState -> (RunnerState, metrics: dict of [] arrays)
     train: Any  # (key, hparams=None) -> (RunnerState, metrics: dict of [num_updates] arrays)
-    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes] (pure policy, argmax)
+    evaluate: Any  # (RunnerState, key) -> returns [eval_episodes] (pure policy, argmax); with --capture-video also an envs.Recording
     evaluate_search: Any  # (RunnerState, key) -> returns [eval_episodes] (Gumbel MuZero search)
     collect: Any  # RunnerState -> (RunnerState, Transition [T, N])
     make_windows: Any  # (Transition [T, N], advantages [T, N], returns [T, N]) -> Batch [N T / K, K]
@@ -967,6 +970,8 @@ def make_train(args: Args) -> UniZeroPPO:
         raise ValueError(f"{args.env_id} has a continuous action space; UniZero-PPO here needs discrete actions")
     env, env_params = envs.make(args.env_id, args.num_envs, **env_kwargs)
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, **env_kwargs)
+    # --capture-video: the pure-policy evaluation records each seed's first episode (jaxzoo.video).
+    recorded_eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1) if args.capture_video else eval_env
     K, N, T = args.num_unroll_steps, args.num_envs, args.num_steps
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(0))))
     optimizer = make_optimizer(args)
@@ -1056,16 +1061,16 @@ def make_train(args: Args) -> UniZeroPPO:
         seeds (keys) and hyperparameters."""
         return jax.lax.scan(lambda s, _: update(s), init(key, hparams), None, args.num_updates)
 
-    def play_episodes(key: jax.Array, choose) -> jax.Array:
+    def play_episodes(key: jax.Array, choose, env=eval_env):
         """One episode in each eval env, each from an empty chunk: returns [eval_episodes]."""
         empty = empty_context(args.eval_episodes, K, spec.obs_shape)
-        return play(eval_env, env_params, spec.max_episode_steps + 1, empty, key, choose)
+        return play(env, env_params, spec.max_episode_steps + 1, empty, key, choose)
 
     def evaluate(state: RunnerState, key: jax.Array) -> jax.Array:
         """Pure policy, argmax, no search (the seed's eval_with_pure_policy)."""
         model = nnx.merge(graphdef, state.params)
         greedy = lambda context, slot, _: jnp.argmax(policy_at(model, context, slot)[0], -1)
-        return play_episodes(key, greedy)
+        return play_episodes(key, greedy, recorded_eval_env)
 
     recurrent_fn = search_recurrent_fn(graphdef, args.search_discount)
 

@@ -104,6 +104,8 @@ class Args:
     """this process's index in the --distributed run, 0 ... num_processes - 1 (None: detected)"""
     distributed_timeout: Annotated[int, AtLeastOne] = 120
     """seconds --distributed waits for every process to join before failing"""
+    capture_video: bool = False
+    """write an MP4 of each seed's first greedy-evaluation episode into the run directory's videos/ (needs the `video` extra; docs/video.md)"""
 
     # algorithm-specific
     stages: tuple[Stage_, ...] = STAGES
@@ -871,16 +873,19 @@ def policy_step(setup: Setup, params: Params, thetas, frames, carry):
     return action, carry
 
 
-def real_returns(setup: Setup, params: Params, thetas: jax.Array, key: jax.Array, steps: int) -> jax.Array:
+def real_returns(setup: Setup, params: Params, thetas: jax.Array, key: jax.Array, steps: int, record: bool = False):
     """One real episode per controller in thetas [B, P] -> returns [B]; a
     while loop that stops when every episode has ended (or after `steps`). A
-    host env (CarRacing) steps in Python instead (CarRacingHost.returns)."""
+    host env (CarRacing) steps in Python instead (CarRacingHost.returns).
+    `record`: also return the first episode's envs.Recording (--capture-video)."""
     if setup.host_env is not None:
         return setup.host_env.returns(
-            params, thetas, key, steps, functools.partial(policy_step, setup), setup.zero_carry
+            params, thetas, key, steps, functools.partial(policy_step, setup), setup.zero_carry, record
         )
     batch = thetas.shape[0]
     batched_env, env_params = setup.make_env(batch)
+    if record:  # the loop takes at most `steps` steps: one frame for each
+        batched_env = envs.RecordEpisode(batched_env, steps)
     reset_key, key = jax.random.split(key)
     # --parallel data: the episodes (a generation's candidates, the evaluation's) are split over devices
     thetas, (obs, env_state) = parallel.constrain_data((thetas, batched_env.reset(reset_key, env_params)))
@@ -895,7 +900,8 @@ def real_returns(setup: Setup, params: Params, thetas: jax.Array, key: jax.Array
 
     cond = lambda carry: (carry[0] < steps) & carry[5].any()
     batch_init = parallel.constrain_data((setup.zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch)))
-    return jax.lax.while_loop(cond, body, (jnp.int32(0), key, env_state, obs, *batch_init))[-1]
+    final = jax.lax.while_loop(cond, body, (jnp.int32(0), key, env_state, obs, *batch_init))
+    return envs.with_recording(final[-1], batched_env, final[2])
 
 
 def dream_step(setup: Setup, models: Models, theta, z, carry, key, temperature):
@@ -1016,11 +1022,12 @@ def make_train(args: Args) -> WorldModels:
     )
     collect, vae, mdn, controller = (stage(setup) for stage in (collect_stage, vae_stage, mdn_stage, controller_stage))
 
-    def evaluate(params, theta, key):
+    def evaluate(params, theta, key, record: bool = False):
         """The controller theta [P] over `eval_episodes` real episodes (capped, as the scored ones, at
-        controller_max_steps; 0: the env's limit) -> returns [eval_episodes]."""
+        controller_max_steps; 0: the env's limit) -> returns [eval_episodes] (and, with `record`,
+        the first episode's envs.Recording)."""
         thetas = jnp.broadcast_to(theta, (args.eval_episodes, setup.num_params))
-        return real_returns(setup, params, thetas, key, setup.max_steps)
+        return real_returns(setup, params, thetas, key, setup.max_steps, record)
 
     def train(key: jax.Array, hparams: Hyperparams | None = None):
         """Every stage in one program, vmappable over keys and over Hyperparams
@@ -1141,15 +1148,19 @@ class CarRacingHost:
             jnp.asarray(frames), jnp.asarray(actions), jnp.asarray(rewards), jnp.asarray(terminated), jnp.asarray(valid)
         )
 
-    def returns(self, params, thetas, key, steps, policy_step, zero_carry) -> jax.Array:
-        """One host episode per controller in thetas [B, P], all B envs in lockstep -> returns [B]."""
+    def returns(self, params, thetas, key, steps, policy_step, zero_carry, record: bool = False):
+        """One host episode per controller in thetas [B, P], all B envs in lockstep -> returns [B]
+        (and, with `record`, env 0's episode as an envs.Recording of its frames [T, 96, 96, 3])."""
         batch = thetas.shape[0]
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
         env_list = self.make_envs(batch)
         obs = np.stack([e.reset(seed=seed + i)[0] for i, e in enumerate(env_list)])
         act = jax.jit(policy_step)
         lstm, alive, total = zero_carry(batch), np.ones(batch, bool), np.zeros(batch)
+        recorded: list[np.ndarray] = []
         for _ in range(steps):
+            if record and alive[0]:
+                recorded.append(obs[0].copy())
             action, lstm = act(params, thetas, self.preprocess(obs), lstm)
             action = np.asarray(action)
             for i, e in enumerate(env_list):
@@ -1160,6 +1171,8 @@ class CarRacingHost:
                 break
         for e in env_list:
             e.close()
+        if record:
+            return jnp.asarray(total, jnp.float32), envs.Recording(np.stack(recorded), np.int32(len(recorded)))
         return jnp.asarray(total, jnp.float32)
 
 
@@ -1492,17 +1505,7 @@ def run_pipeline(
             parallel.host_array(seeds, by_seed)
         )
         start = time.perf_counter()
-        if wm.controller.host:
-            returns = np.stack(
-                [
-                    np.asarray(wm.evaluate(jax.tree.map(lambda x: x[j], params), mean[j], keys[j]))
-                    for j in range(args.num_seeds)
-                ]
-            )
-        else:
-            placed = {} if by_seed is None else {"out_shardings": by_seed}
-            evaluate = jax.jit(traced_in(layout, jax.vmap(wm.evaluate)), compiler_options=wm.compiler_options, **placed)
-            returns = parallel.to_host(evaluate(params, mean, keys))
+        returns = evaluate_controller(args, wm, params, mean, keys, seeds, by_seed, layout, run_dir)
         seconds["evaluate"] = time.perf_counter() - start
         if not np.isfinite(returns).all():
             raise cli.Diverged(
@@ -1525,6 +1528,34 @@ def run_pipeline(
     if parallel.is_writer():
         (run_dir / "eval.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     return {**summary, "outputs": outputs}
+
+
+def evaluate_controller(args: Args, wm: WorldModels, params, mean, keys, seeds, by_seed, layout, run_dir: Path):
+    """Each seed's final controller (the CMA-ES mean [S, P]) over `eval_episodes`
+    real episodes -> returns [S, eval_episodes]; with --capture-video, the first
+    episode of each seed is also written to videos/final-seed<S>.mp4."""
+    record = args.capture_video
+    evaluate = functools.partial(wm.evaluate, record=record)
+    if wm.controller.host:  # one seed after another: the host env cannot be traced
+        outcomes = [evaluate(jax.tree.map(lambda x: x[j], params), mean[j], keys[j]) for j in range(args.num_seeds)]
+        if record:
+            returns = np.stack([np.asarray(r) for r, _ in outcomes])
+            recordings = [jax.tree.map(lambda x: np.asarray(x)[None], rec) for _, rec in outcomes]
+        else:
+            returns = np.stack([np.asarray(r) for r in outcomes])
+    else:
+        placed = {} if by_seed is None else {"out_shardings": by_seed}
+        evaluated = jax.jit(traced_in(layout, jax.vmap(evaluate)), compiler_options=wm.compiler_options, **placed)
+        outcome = parallel.to_host(evaluated(params, mean, keys))
+        returns, recordings = (outcome[0], [outcome[1]]) if record else (outcome, [])
+    if record and parallel.is_writer():
+        from jaxzoo import video
+
+        host_seeds = parallel.to_host(seeds)
+        seed_groups = [[s] for s in host_seeds] if wm.controller.host else [host_seeds]
+        for recording, group in zip(recordings, seed_groups):
+            video.write_recordings(run_dir / "videos", args.env_id, recording, group, "final")
+    return returns
 
 
 # What args.json and each stage's copy of it record besides the Args fields.

@@ -137,6 +137,7 @@ RESUMABLE_FIELDS = (
     "num_processes",
     "process_id",
     "distributed_timeout",
+    "capture_video",
 )
 
 

@@ -365,11 +365,12 @@ def find_state(state, state_type):
     return state
 
 
-def evaluate_episodes(env, env_params, act, key: jax.Array, max_steps: int) -> jax.Array:
+def evaluate_episodes(env, env_params, act, key: jax.Array, max_steps: int):
     """Play one episode in each env of a VecEnv and return their undiscounted
     returns [num_envs]. `act(obs [num_envs, ...]) -> actions` is the (greedy)
     policy; the loop (`lax.while_loop`) stops once every env has finished an
-    episode or after `max_steps` steps. Jittable and vmappable."""
+    episode or after `max_steps` steps. Jittable and vmappable. With `env` a
+    `RecordEpisode`, returns `(returns, Recording)` (`with_recording`)."""
     reset_key, key = jax.random.split(key)
     obs, env_state = env.reset(reset_key, env_params)
     num = obs.shape[0]
@@ -386,4 +387,105 @@ def evaluate_episodes(env, env_params, act, key: jax.Array, max_steps: int) -> j
         return ~jnp.all(carry[3]) & (carry[5] < max_steps)
 
     carry = (obs, env_state, key, jnp.zeros(num, bool), jnp.zeros(num), 0)
-    return jax.lax.while_loop(keep_going, body, carry)[4]
+    final = jax.lax.while_loop(keep_going, body, carry)
+    return with_recording(final[4], env, final[1])
+
+
+# --------------------------------------------------------------------------- #
+# Recording an evaluation episode for a video (jaxzoo.video renders it)
+# --------------------------------------------------------------------------- #
+class Recording(NamedTuple):
+    """What a video of one episode is rendered from, recorded inside the jitted
+    evaluation: `frames` leaves [max_frames, ...] hold, for step t < `length`,
+    either the gymnax env state (rendered on the host by jaxzoo.video) or, for
+    an env stepped on the host, its image observation [H, W, C]; `length` []
+    is the episode's number of steps (= frames)."""
+
+    frames: Any
+    length: jax.Array
+
+
+@struct.dataclass
+class RecordEpisodeState:
+    env_state: Any
+    frames: Any  # leaves [max_frames, ...]: env 0's first episode, one entry per step taken
+    length: jax.Array  # [] int32: entries recorded so far
+    recording: jax.Array  # [] bool: env 0's first episode has not ended yet
+
+
+def innermost_state(state):
+    """The env state at the bottom of a wrapper chain (following `.env_state`)."""
+    while hasattr(state, "env_state"):
+        state = state.env_state
+    return state
+
+
+class RecordEpisode(Wrapper):
+    """Records the first episode of env 0 of a batched env (a VecEnv, a pixel
+    or host env with a `[num_envs]` axis) for a video, without changing what
+    the env does: the state it starts each step from (the gymnax env state, a
+    few scalars; or, for a host-stepped env, the observation image), until
+    that episode ends. Outermost wrapper; the evaluation loop hands its final
+    state to `with_recording`. Costs nothing when not used: files wrap their
+    evaluation env only with `--capture-video`."""
+
+    def __init__(self, env, max_frames: int):
+        super().__init__(env)
+        self.max_frames = max_frames
+
+    def source(self, env_state, obs):
+        """One step's entry: env 0's gymnax state, or its observation [H, W, C]."""
+        from gymnax.environments.environment import Environment  # on first use (ENV_IDS says why)
+
+        if isinstance(self.unwrapped, Environment):
+            return jax.tree.map(lambda x: x[0], innermost_state(env_state))
+        return obs[0]
+
+    @partial(jax.jit, static_argnames=("self",))
+    def reset(self, key, params=None):
+        obs, env_state = self._env.reset(key, params)
+        first = self.source(env_state, obs)
+        frames = jax.tree.map(lambda x: jnp.zeros((self.max_frames, *x.shape), x.dtype).at[0].set(x), first)
+        return obs, RecordEpisodeState(env_state, frames, jnp.int32(1), jnp.bool_(True))
+
+    @partial(jax.jit, static_argnames=("self",))
+    def step(self, key, state, action, params=None, **kwargs):
+        obs, env_state, reward, terminated, truncated, info = self._env.step(
+            key, state.env_state, action, params, **kwargs
+        )
+        # After env 0's last step the state is the next episode's reset state: not recorded.
+        recording = state.recording & ~(terminated[0] | truncated[0])
+        keep = recording & (state.length < self.max_frames)
+        entry = self.source(env_state, obs)
+        index = jnp.minimum(state.length, self.max_frames - 1)
+        # One row written in place (a no-op write of the old row when not keeping).
+        frames = jax.tree.map(
+            lambda buffer, x: buffer.at[index].set(jnp.where(keep, x, buffer[index])), state.frames, entry
+        )
+        length = state.length + keep.astype(jnp.int32)
+        return obs, RecordEpisodeState(env_state, frames, length, recording), reward, terminated, truncated, info
+
+
+def where_envs(mask: jax.Array, new_state, old_state):
+    """Per env, `new_state` where `mask` [N] else `old_state` (an env frozen
+    after its episode ended, as PlaNet's action repeat does). A RecordEpisode
+    state follows env 0: frozen with it, its count of frames does not advance
+    (a frame written past that count is overwritten later, never shown)."""
+    if isinstance(new_state, RecordEpisodeState):
+        keep = lambda new, old: jnp.where(mask[0], new, old)
+        return RecordEpisodeState(
+            where_envs(mask, new_state.env_state, old_state.env_state),
+            new_state.frames,
+            keep(new_state.length, old_state.length),
+            keep(new_state.recording, old_state.recording),
+        )
+    select = lambda new, old: jnp.where(mask.reshape(mask.shape + (1,) * (new.ndim - 1)), new, old)
+    return jax.tree.map(select, new_state, old_state)
+
+
+def with_recording(returns: jax.Array, env, final_env_state):
+    """`returns` [num_envs] of an evaluation loop, or `(returns, Recording)`
+    when its env is a `RecordEpisode` (the loop's final env state holds it)."""
+    if not isinstance(env, RecordEpisode):
+        return returns
+    return returns, Recording(final_env_state.frames, final_env_state.length)

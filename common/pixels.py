@@ -132,6 +132,46 @@ def render_cartpole(obs: jax.Array, size: int = 64, grayscale: bool = False) -> 
     return to_grayscale(image) if grayscale else image
 
 
+def render_acrobot(obs: jax.Array, size: int = 64, grayscale: bool = False) -> jax.Array:
+    """gymnax Acrobot-v1 observation [cos t1, sin t1, cos t2, sin t2, t1_dot,
+    t2_dot] -> image: two blue links of equal length from a pivot at the centre,
+    t1 = 0 hanging down, t2 relative to the first link, as in gym's rendering;
+    the grey line is the goal height (one link above the pivot)."""
+    x, y = pixel_grid(size)
+    theta1 = jnp.arctan2(obs[1], obs[0])
+    theta2 = theta1 + jnp.arctan2(obs[3], obs[2])
+    centre, length = size / 2.0, 0.22 * size
+    elbow_x, elbow_y = centre + length * jnp.sin(theta1), centre + length * jnp.cos(theta1)
+    tip_x, tip_y = elbow_x + length * jnp.sin(theta2), elbow_y + length * jnp.cos(theta2)
+    image = jnp.ones((size, size, 3), jnp.float32)
+    image = paint(image, coverage(jnp.abs(y - (centre - length)) - 0.5), (0.5, 0.5, 0.5))
+    for ax, ay, bx, by in ((centre, centre, elbow_x, elbow_y), (elbow_x, elbow_y, tip_x, tip_y)):
+        image = paint(image, coverage(capsule_distance(x, y, ax, ay, bx, by, 0.03 * size + 0.5)), (0.0, 0.4, 0.8))
+    for cx, cy in ((centre, centre), (elbow_x, elbow_y)):
+        image = paint(image, coverage(disk_distance(x, y, cx, cy, 0.025 * size + 0.5)), (0.8, 0.8, 0.0))
+    return to_grayscale(image) if grayscale else image
+
+
+def render_mountain_car(obs: jax.Array, size: int = 64, grayscale: bool = False, goal: float = 0.5) -> jax.Array:
+    """gymnax MountainCar observation [position, velocity] -> image: the hill
+    height(p) = 0.45 sin(3p) + 0.55 over p in [-1.2, 0.6] (gym's), a dark car
+    on it, a yellow flag at the goal position `goal`."""
+    x, y = pixel_grid(size)
+    to_x = lambda p: (p + 1.2) / 1.8 * size
+    to_y = lambda p: size * (0.95 - 0.8 * (0.45 * jnp.sin(3.0 * p) + 0.55))
+    hill_at_pixel = to_y(x / size * 1.8 - 1.2)
+    image = jnp.ones((size, size, 3), jnp.float32)
+    image = paint(image, coverage(jnp.abs(y - hill_at_pixel) - 0.6), (0.3, 0.3, 0.3))
+    flag_x, flag_y = to_x(goal), to_y(goal)
+    pole = coverage(box_distance(x, y, flag_x, flag_y - 0.06 * size, 0.5, 0.06 * size))
+    image = paint(image, pole, (0.2, 0.2, 0.2))
+    flag = box_distance(x, y, flag_x + 0.03 * size, flag_y - 0.1 * size, 0.03 * size, 0.02 * size)
+    image = paint(image, coverage(flag), (0.9, 0.8, 0.0))
+    car_x, car_y = to_x(obs[0]), to_y(obs[0]) - 0.04 * size
+    image = paint(image, coverage(disk_distance(x, y, car_x, car_y, 0.04 * size + 0.5)), (0.1, 0.1, 0.1))
+    return to_grayscale(image) if grayscale else image
+
+
 RENDERERS: dict[str, Callable[..., jax.Array]] = {
     "Pendulum-v1": render_pendulum,
     "CartPole-v1": render_cartpole,

@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -230,8 +231,13 @@ def prepare(args, algorithm: str):
     """The first call of every algorithm's `main`, before anything is built:
     resolve `--resume` (refusing another algorithm's run and flags that differ
     from the saved run), refuse an unusable `--run-root`, and set up JAX's
-    compilation cache. Returns the Args to run with."""
+    compilation cache; with --capture-video, check the video writer is
+    installed (before training, not after it). Returns the Args to run with."""
     args = cli.resolve_resume(args, algorithm)
+    if args.capture_video:
+        from jaxzoo import video
+
+        video.check_writer()
     parallel.initialize_distributed(args)  # before any other JAX call
     if args.resume is None:
         cli.check_run_root(args.run_root)
@@ -586,6 +592,7 @@ class _ChunkLoop:
         self.dispatched = self.last_checkpoint = 0  # updates dispatched / checkpointed so far
         self.stop_signum: int | None = None  # the signal that stopped the loop (any process's)
         self.eval_returns: np.ndarray | None = None  # [num_seeds, eval_episodes] of the final state, if the loop ran it
+        self.videos: list = []  # futures of the videos being written (--capture-video)
 
     def run(self, state, run_chunk: Callable, seeds: np.ndarray, stop: StopRequest, updates_done: int):
         """Chunks from update `updates_done` to `num_updates` (or to the chunk
@@ -703,20 +710,39 @@ class _ChunkLoop:
         is its row's wall_seconds though the row is written after the next
         dispatch)."""
         self.start_eval_compile()
-        evaluation = self.compiled_eval.result()(state, seeds)
+        evaluation = self.split_video(self.compiled_eval.result()(state, seeds), seeds)
         jax.block_until_ready(evaluation)  # before the next chunk takes (donates) the state
         finished_at = time.perf_counter()
         if self.dispatched == self.num_updates:
             self.eval_returns = parallel.to_host(evaluation)
         return evaluation, finished_at
 
+    def split_video(self, evaluation, seeds: np.ndarray) -> jax.Array:
+        """The returns of an evaluation; with --capture-video (the evaluation is
+        `(returns, envs.Recording)`), its recorded episodes are rendered and
+        written in the background, one video per seed, `videos/update<N>-seed<S>.mp4`."""
+        if not isinstance(evaluation, tuple):
+            return evaluation
+        returns, recording = evaluation
+        recording = parallel.to_host(recording)  # every process takes part in gathering
+        if parallel.is_writer():
+            from jaxzoo import video
+
+            label, seeds = f"update{self.dispatched}", parallel.to_host(seeds)
+            write = partial(video.write_recordings, self.run_log.dir / "videos", self.args.env_id)
+            self.videos.append(self.background.submit(write, recording, seeds, label))
+        return returns
+
     def final_evaluation(self, state, seeds: np.ndarray) -> np.ndarray:
         """The final state's evaluation [num_seeds, eval_episodes] (run by the
-        loop, or now); non-finite returns raise `cli.Diverged`."""
+        loop, or now), once its videos (if any) are written; non-finite returns
+        raise `cli.Diverged`."""
         eval_returns = self.eval_returns
         if eval_returns is None:
             self.start_eval_compile()  # a no-op unless resumed at the end (no chunk ran)
-            eval_returns = parallel.to_host(self.compiled_eval.result()(state, seeds))
+            eval_returns = parallel.to_host(self.split_video(self.compiled_eval.result()(state, seeds), seeds))
+        for written in self.videos:
+            written.result()  # raises what the writer raised
         if not np.isfinite(eval_returns).all():
             raise cli.Diverged(
                 f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "

@@ -99,3 +99,25 @@ def assert_killed_run_resumes_exactly(module, args, kill_after_update: int, chec
     per_seed = rows["update"][rows["seed_index"] == 0]
     assert sorted(per_seed) == list(range(1, args.num_updates + 1))
     np.testing.assert_array_equal(full.eval_returns, resumed.eval_returns)
+
+
+def assert_videos_show_first_episodes(run_dir: Path, num_seeds: int) -> None:
+    """A `--capture-video` run wrote one MP4 per seed of its final evaluation,
+    each with as many frames as that seed's first evaluation episode had steps:
+    CartPole pays 1 per step (the return is the length), Pendulum always runs
+    its 200 steps (tests/test_video.py)."""
+    import json
+
+    import imageio.v3 as iio
+
+    args = json.loads((run_dir / "args.json").read_text())
+    returns = json.loads((run_dir / "eval.json").read_text())["returns"]
+    labels = {path: path.name.rsplit("-seed", 1)[0] for path in (run_dir / "videos").glob("*.mp4")}
+    # update<N>-seed<S>.mp4 (the runner's files) or final-seed<S>.mp4 (world_models): the last evaluation's
+    order = lambda label: float("inf") if label == "final" else int(label.removeprefix("update"))
+    last = max(labels.values(), key=order)
+    final = sorted(path for path, label in labels.items() if label == last)
+    assert [v.name.rsplit("-", 1)[1] for v in final] == [f"seed{args['seed'] + i}.mp4" for i in range(num_seeds)]
+    for seed_index, path in enumerate(final):
+        expected = {"CartPole-v1": round(returns[seed_index][0]), "Pendulum-v1": 200}[args["env_id"]]
+        assert iio.imread(path).shape[0] == expected, (path, expected)

@@ -40,6 +40,7 @@ class ToyArgs:
     num_processes: int | None = None
     process_id: int | None = None
     distributed_timeout: int = 120
+    capture_video: bool = False
     blow_up_at: int = 0
     """update after which seed index 1's weight becomes NaN (0: never)"""
 

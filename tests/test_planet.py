@@ -17,7 +17,7 @@ from flax import nnx
 
 from jaxzoo.algos import planet
 from jaxzoo import cli, dmc, logger
-from conftest import assert_killed_run_resumes_exactly, run_copied_script
+from conftest import assert_killed_run_resumes_exactly, run_copied_script, assert_videos_show_first_episodes
 
 
 def tiny(tmp_path, **overrides) -> planet.Args:
@@ -100,11 +100,13 @@ def test_train_is_vmappable_over_hyperparameters(tmp_path):
 
 
 def test_cli_runs_the_tiny_preset(tmp_path):
-    out = run_copied_script("planet", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)], timeout=300)
+    out = run_copied_script("planet", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path),
+                                          "--capture-video"], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     (run_dir,) = tmp_path.iterdir()
     assert (run_dir / "eval.json").exists() and (run_dir / "args.json").exists()
     assert json.loads((run_dir / "args.json").read_text())["image_size"] == 16
+    assert_videos_show_first_episodes(run_dir, 2)
 
 
 def test_killed_and_resumed_run_matches_uninterrupted(tiny_run, tmp_path, monkeypatch):

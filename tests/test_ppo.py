@@ -9,7 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script
+from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script, assert_videos_show_first_episodes
 
 from jaxzoo import checkpoint, cli, logger, runner
 from jaxzoo.algos import ppo
@@ -154,11 +154,12 @@ def test_variants_run(tmp_path, overrides):
 
 
 def test_cli_tiny_run(tmp_path):
-    out = run_copied_script("ppo", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)])
+    out = run_copied_script("ppo", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path), "--capture-video"])
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout and "steps/s" in out.stdout
     (run_dir,) = tmp_path.iterdir()
     assert (run_dir / "metrics.csv").exists() and (run_dir / "eval.json").exists()
+    assert_videos_show_first_episodes(run_dir, 2)
 
 
 def test_train_is_vmappable_over_seeds_and_hyperparameters(tmp_path):

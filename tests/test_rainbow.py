@@ -8,7 +8,7 @@ import tomllib
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script
+from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script, assert_videos_show_first_episodes
 
 from jaxzoo import checkpoint, cli, logger
 from jaxzoo.algos import rainbow
@@ -146,9 +146,11 @@ def test_max_grad_norm_zero_turns_clipping_off(tmp_path):
 
 
 def test_cli_tiny_run_and_help(tmp_path):
-    out = run_copied_script("rainbow", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)])
+    out = run_copied_script("rainbow", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path), "--capture-video"])
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout
+    (run_dir,) = tmp_path.iterdir()
+    assert_videos_show_first_episodes(run_dir, 2)
     help_out = subprocess.run([sys.executable, str(ROOT / "algos" / "rainbow.py"), "--help"],
                               capture_output=True, text=True)
     assert "--double-q" in help_out.stdout and "rllib-rainbow" in help_out.stdout

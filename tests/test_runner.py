@@ -33,6 +33,7 @@ class ToyArgs:
     num_processes: int | None = None
     process_id: int | None = None
     distributed_timeout: int = 120
+    capture_video: bool = False
 
 
 def toy_algorithm():

@@ -74,7 +74,8 @@ def test_algorithm_files_import_no_other_algorithm(path):
 def test_shared_fields_are_identical_across_files():
     shared = ["exp_name", "seed", "num_seeds", "env_id", "total_timesteps", "log_every", "track", "tensorboard",
               "save_model", "checkpoint_every", "resume", "run_root", "eval_episodes", "compile_cache", "parallel",
-              "distributed", "coordinator_address", "num_processes", "process_id", "distributed_timeout"]
+              "distributed", "coordinator_address", "num_processes", "process_id", "distributed_timeout",
+              "capture_video"]
     for path in ALGOS:
         fields, _ = args_fields(ast.parse(path.read_text()))
         assert fields[: len(shared)] == shared, f"{path.name}: shared Args fields out of order or missing"

@@ -6,7 +6,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from conftest import assert_killed_run_resumes_exactly, run_copied_script
+from conftest import assert_killed_run_resumes_exactly, run_copied_script, assert_videos_show_first_episodes
 
 from jaxzoo import cli, logger, runner
 from jaxzoo.algos import unizero as uz
@@ -72,9 +72,11 @@ def test_same_seed_reruns_identically_and_a_killed_run_resumes_exactly(tiny_run,
 
 def test_cli_tiny_run(tmp_path):
     # Same program as tiny_run (2 seeds), so the compilation cache of the session serves it.
-    out = run_copied_script("unizero", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)])
+    out = run_copied_script("unizero", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path), "--capture-video"])
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout
+    (run_dir,) = tmp_path.iterdir()
+    assert_videos_show_first_episodes(run_dir, 2)
 
 
 def test_train_is_vmappable_over_hyperparameters(tmp_path):

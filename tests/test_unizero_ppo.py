@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_killed_run_resumes_exactly, run_copied_script
+from conftest import assert_killed_run_resumes_exactly, run_copied_script, assert_videos_show_first_episodes
 from flax import nnx
 
 from jaxzoo import cli
@@ -325,10 +325,12 @@ def test_max_grad_norm_zero_turns_clipping_off():
 
 
 def test_cli_tiny_run(tmp_path):
-    out = run_copied_script("unizero_ppo", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path),
+    out = run_copied_script("unizero_ppo", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path), "--capture-video",
                                             "--eval-search", "2",
                                             # the seed's schedule and joint loss, end to end (the other runs use the defaults)
                                             "--update-epochs", "0", "--batch-size", "8", "--replay-ratio", "0.05",
                                             "--no-ppo-heads-only"])
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout and "Gumbel search" in out.stdout
+    (run_dir,) = tmp_path.iterdir()
+    assert_videos_show_first_episodes(run_dir, 2)
