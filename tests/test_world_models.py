@@ -216,10 +216,15 @@ def test_carracing_without_box2d_is_a_clear_error(tmp_path, monkeypatch):
 @pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
                     reason="CarRacing-v3 needs box2d (pip install -e '.[carracing]'), not installed in this environment")
 def test_carracing_small_preset_runs_on_the_host(tmp_path):
-    args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "carracing-small"), run_root=str(tmp_path))
-    result = wm.main(args)
+    args = cli.preset_args(wm.Args, "world_models", "carracing-small")
+    result = wm.main(dataclasses.replace(args, run_root=str(tmp_path), capture_video=True))
     assert np.asarray(result["returns"]).shape == (1, 1) and np.isfinite(result["mean"])
     assert result["outputs"]["collect"].frames.shape[-3:] == (16, 16, 3)
+    # --capture-video: the evaluation episode's own 96 x 96 frames, one per step (10: controller_max_steps)
+    import imageio.v3 as iio
+
+    (video,) = (Path(result["run_dir"]) / "videos").iterdir()
+    assert video.name == "final-seed0.mp4" and iio.imread(video).shape == (10, 288, 288, 3)
 
 
 def test_every_preset_is_valid():
