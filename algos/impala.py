@@ -904,28 +904,35 @@ def make_train(args: Args) -> IMPALA:
 # --------------------------------------------------------------------------- #
 class ParameterSlot:
     """The learner's newest parameters and their version (the updates they
-    have seen), behind a lock: the learner publishes after every update, and
-    every actor thread reads the slot before each rollout, copying the
-    parameters to its own device when the version has moved."""
+    have seen), behind a lock. The learner publishes after every update: it
+    copies the parameters to every actor device (`jax.device_put`, dispatched
+    asynchronously) and swaps them in; every actor thread reads its device's
+    copy before each rollout. The copies are made on the learner's thread
+    because jax 0.10.2's `device_put` of one multi-device array from several
+    threads at once can corrupt the array's list of buffers (seen here with a
+    learner on two devices)."""
 
-    def __init__(self, version: int, params: nnx.State):
+    def __init__(self, version: int, params: nnx.State, devices: list):
         self._lock = threading.Lock()
-        self._version, self._params = version, params
+        self._devices = list(dict.fromkeys(devices))  # each actor device once
+        self.publish(version, params)
 
     def publish(self, version: int, params: nnx.State) -> None:
+        copies = {device: jax.device_put(params, device) for device in self._devices}
         with self._lock:
-            self._version, self._params = version, params
+            self._version, self._copies = version, copies
 
-    def read(self) -> tuple[int, nnx.State]:
+    def read(self, device) -> tuple[int, nnx.State]:
+        """(version, the parameters on `device`)."""
         with self._lock:
-            return self._version, self._params
+            return self._version, self._copies[device]
 
 
 class ActorThreads:
     """`num_actor_threads` Python threads. Actor i steps its own envs_per_actor
     environments on `devices[i % len(devices)]` with a jitted rollout
-    (`collect_rollout`, the in-jit mode's) and its own copy of the parameters,
-    and puts each rollout [T, envs_per_actor], with its log mu and the
+    (`collect_rollout`, the in-jit mode's) and the parameters the learner last
+    copied to that device (`ParameterSlot`), and puts each rollout [T, envs_per_actor], with its log mu and the
     parameter version it acted with, into the bounded queue (blocking while it
     is full). Together they make exactly `blocks` blocks (what the learner's
     remaining updates take), so a finished run leaves the queue empty; `halt`
@@ -989,15 +996,12 @@ class ActorThreads:
     def _act(self, actor_id: int, device, key: jax.Array) -> None:
         key, reset_key = jax.random.split(jax.device_put(key, device))
         obs, env_state = self._reset(reset_key)
-        version, learner_params = self.slot.read()
-        params = jax.device_put(learner_params, device)
+        version, params = self.slot.read(device)
         rollout = self._rollout.lower(params, env_state, obs, key).compile()  # for this device
         self._ready[actor_id].set()
         sequence = 0
         while self._take_block():
-            latest, learner_params = self.slot.read()
-            if latest != version:  # the learner has published: copy its parameters to this device
-                version, params = latest, jax.device_put(learner_params, device)
+            version, params = self.slot.read(device)  # the learner's newest, already on this device
             (env_state, obs, key), transitions = rollout(params, env_state, obs, key)
             block = TrajectoryBlock(jax.block_until_ready(transitions), actor_id, sequence, version)
             while not self.halt.is_set():
@@ -1213,7 +1217,7 @@ def train_sebulba(args: Args, run_dir, stop: runner.StopRequest, actor_devices, 
     # A resumed run's actors start fresh episodes, from keys of their own.
     actor_key = jax.random.fold_in(jax.random.fold_in(jax.random.key(args.seed), 2), updates_done)
     blocks = (args.num_updates - updates_done) * args.num_actor_threads
-    slot = ParameterSlot(updates_done, state.params)
+    slot = ParameterSlot(updates_done, state.params, actor_devices)
     actors = ActorThreads(args, algo, actor_devices, slot, trajectories, blocks, actor_key)
     eval_key = jax.random.fold_in(jax.random.key(args.seed), 1)  # as jaxzoo.runner's evaluation
     compiled_eval = jax.jit(algo.evaluate, compiler_options=None if args.eval_every else runner.RUN_ONCE)

@@ -1,12 +1,20 @@
 """algos/impala.py end to end: smoke, policy lag, determinism, one compile, resume, bad input."""
 
 import dataclasses
+import faulthandler
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script
+from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script, assert_videos_show_first_episodes
 
 from jaxzoo import checkpoint, cli, logger, runner
 from jaxzoo.algos import impala
@@ -173,12 +181,13 @@ def test_variants_run(tmp_path, overrides):
 
 
 def test_cli_tiny_run(tmp_path):
-    out = run_copied_script("impala", ["--preset", "tiny", "--appo", "--run-root", str(tmp_path)])
+    out = run_copied_script("impala", ["--preset", "tiny", "--appo", "--run-root", str(tmp_path), "--capture-video"])
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout and "steps/s" in out.stdout
     (run_dir,) = tmp_path.iterdir()
     assert (run_dir / "metrics.csv").exists() and (run_dir / "eval.json").exists()
     assert json.loads((run_dir / "args.json").read_text())["appo"] is True
+    assert_videos_show_first_episodes(run_dir, 1)
 
 
 def test_a_hyperparameter_sweep_reproduces_the_unswept_run(tmp_path):
@@ -209,3 +218,164 @@ def test_documented_presets_exist():
     # The cartpole preset is the file's defaults, spelled out.
     assert cli.preset_args(impala.Args, "impala", "cartpole") == impala.Args()
     assert cli.preset_args(impala.Args, "impala", "rllib-appo").max_grad_norm == 30.0  # the notebook's grad_clip
+
+
+# --------------------------------------------------------------------------- #
+# --architecture sebulba: actor threads, a bounded queue, a learner
+# --------------------------------------------------------------------------- #
+def sebulba(tmp_path, **overrides) -> impala.Args:
+    return tiny(tmp_path, architecture="sebulba", **overrides)
+
+
+def actor_threads_alive() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("impala-actor-")]
+
+
+@pytest.fixture(scope="module")
+def sebulba_run(tmp_path_factory):
+    """4 actor threads, a queue of 2 blocks, 16 updates of 4 blocks each; a
+    watchdog ends the process with every thread's traceback if it hangs."""
+    args = sebulba(tmp_path_factory.mktemp("sebulba"), num_actor_threads=4, queue_size=2)
+    faulthandler.dump_traceback_later(300, exit=True)
+    try:
+        result = impala.main(args)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    return args, result
+
+
+def test_sebulba_queue_neither_drops_nor_duplicates_a_trajectory(sebulba_run):
+    """Every block an actor put in the queue is (actor id, sequence number);
+    the learner consumed each exactly once, 4 per update, and nothing is left."""
+    args, result = sebulba_run
+    ledger = result.ledger
+    produced = [tuple(p) for p in ledger["produced"]]
+    consumed = [tuple(c[:2]) for c in ledger["consumed"]]
+    assert len(produced) == len(set(produced)) == args.num_updates * args.num_actor_threads == 64
+    assert sorted(consumed) == sorted(produced) and len(set(consumed)) == len(consumed)
+    assert ledger["unused"] == []
+    for actor in {a for a, _ in produced}:  # each actor numbered its blocks 0, 1, 2, ... without gaps
+        assert sorted(s for a, s in produced if a == actor) == list(range(sum(a == actor for a, _ in produced)))
+    per_update = np.bincount([c[2] for c in ledger["consumed"]], minlength=args.num_updates + 1)
+    assert (per_update[1:] == args.num_actor_threads).all() and per_update[0] == 0
+    (line,) = (Path(result.run_dir) / "queue_ledger.jsonl").read_text().splitlines()
+    assert json.loads(line) == ledger  # the same bookkeeping is in the run directory
+
+
+def test_sebulba_run_ends_cleanly_and_logs_lag_and_queue(sebulba_run):
+    args, result = sebulba_run
+    assert actor_threads_alive() == []  # every actor thread was joined
+    assert result.chunk_traces == 1  # the learner's step compiled once
+    assert (Path(result.run_dir) / "eval.json").exists() and result.eval_returns.shape == (1, args.eval_episodes)
+    assert checkpoint.latest_update(result.run_dir) == args.num_updates
+    rows = logger.read_metrics(result.run_dir)
+    assert list(rows["update"]) == list(range(1, args.num_updates + 1))
+    for name in ("policy_loss", "value_loss", "entropy", "rho_mean", "steps_per_second", "policy_lag_mean",
+                 "policy_lag_max", "queue_fill", "learner_wait_seconds"):
+        assert np.isfinite(rows[name]).all(), name
+    lag_mean, lag_max = rows["policy_lag_mean"], rows["policy_lag_max"]
+    assert (lag_mean >= 0).all() and (lag_max >= lag_mean).all() and lag_max.max() >= 1  # the actors lag
+    assert ((rows["queue_fill"] >= 0) & (rows["queue_fill"] <= 1)).all()
+    # The learner starts from the in-jit mode's parameters for the same seed.
+    anakin = impala.make_train(dataclasses.replace(args, architecture="anakin"))
+    first = anakin.init(jax.random.key(args.seed)).params
+    learner = impala.make_train(args).learner_init(jax.random.key(args.seed)).params
+    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(learner)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sebulba_sigterm_checkpoints_and_resumes_to_the_end(tmp_path, monkeypatch, capsys):
+    """SIGTERM after the first logged updates: the actors stop, the learner
+    writes a checkpoint at the update it stopped after and exits 143; the
+    resumed run learns the remaining updates, each logged once."""
+    args = sebulba(tmp_path, total_timesteps=128 * 40, log_every=2, checkpoint_every=100)
+    original_log = logger.Run.log
+
+    def log_then_signal(self, update, global_step, metrics):
+        original_log(self, update, global_step, metrics)
+        if update[-1] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(logger.Run, "log", log_then_signal)
+    with pytest.raises(SystemExit) as stopped:
+        impala.main(args)
+    monkeypatch.setattr(logger.Run, "log", original_log)
+    assert stopped.value.code == 143 and actor_threads_alive() == []
+    (run_dir,) = tmp_path.iterdir()
+    kept = checkpoint.latest_update(run_dir)
+    assert "stopped by SIGTERM" in capsys.readouterr().out and kept is not None and 2 <= kept < 40
+    assert not (run_dir / "eval.json").exists()
+    resumed = impala.main(impala.Args(resume=str(run_dir)))
+    assert (run_dir / "eval.json").exists() and checkpoint.latest_update(run_dir) == 40
+    assert sorted(logger.read_metrics(run_dir)["update"]) == list(range(1, 41))
+    assert resumed.ledger["resumed_at_update"] == kept and len(resumed.ledger["consumed"]) == (40 - kept) * 2
+
+
+def test_sebulba_sigint_in_a_subprocess_exits_130_with_a_checkpoint(tmp_path):
+    """Ctrl-C in the middle of a command-line run: exit 130, a checkpoint, no
+    thread keeps the process alive; `--resume` then runs to the end."""
+    command = [sys.executable, str(ROOT / "algos" / "impala.py"), "--preset", "tiny", "--architecture", "sebulba",
+               "--total-timesteps", str(128 * 100_000), "--checkpoint-every", "1000", "--run-root", str(tmp_path)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(tmp_path.glob("*/metrics.csv")) or len(next(tmp_path.glob("*/metrics.csv")).read_text()
+                                                                   .splitlines()) < 3:
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()[1][-2000:]
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 130, err[-2000:]
+    (run_dir,) = tmp_path.glob("CartPole-v1__*")
+    kept = checkpoint.latest_update(run_dir)
+    assert "stopped by SIGINT" in out and kept is not None and not (run_dir / "eval.json").exists()
+    resumed = impala.main(impala.Args(resume=str(run_dir), total_timesteps=128 * (kept + 4)))
+    assert resumed.eval_returns.shape == (1, 2) and (run_dir / "eval.json").exists()
+    assert sorted(logger.read_metrics(run_dir)["update"]) == list(range(1, kept + 5))
+
+
+def test_sebulba_on_4_devices_acts_on_two_and_learns_on_the_other_two(tmp_path):
+    """Forced host devices in a child process: actors on cpu:0 and cpu:1, the
+    learner's batch split over cpu:2 and cpu:3 (jaxzoo.parallel's data mode)."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "algos" / "impala.py"), "--preset", "tiny", "--architecture", "sebulba",
+         "--num-actor-threads", "4", "--num-envs", "8", "--total-timesteps", "4096", "--actor-device-ids", "0", "1",
+         "--learner-device-ids", "2", "3", "--run-root", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert ("4 actor thread(s) on cpu:0, cpu:1, learner on cpu:2, cpu:3 (data sharded over 2 cpu devices)"
+            in out.stdout), out.stdout[-2000:]
+    (run_dir,) = tmp_path.iterdir()
+    ledger = json.loads((run_dir / "queue_ledger.jsonl").read_text())
+    assert sorted(c[:2] for c in ledger["consumed"]) == sorted(ledger["produced"]) and len(ledger["produced"]) == 64
+    assert np.isfinite(json.loads((run_dir / "eval.json").read_text())["mean"])
+
+
+def test_sebulba_bad_flags_exit_2_naming_the_value(tmp_path, capsys):
+    for argv, message in [
+        (["--distributed"], "distributed=True is not accepted with architecture='sebulba'"),
+        (["--num-seeds", "2"], "num_seeds=2 is not accepted with architecture='sebulba'"),
+        (["--parallel", "data"], "parallel='data' is not accepted with architecture='sebulba'"),
+        (["--num-actor-threads", "3"], "num_envs=4 does not split evenly over num_actor_threads=3"),
+        (["--num-actor-threads", "0"], "num_actor_threads=0 is out of range; accepted: >= 1"),
+        (["--queue-size", "0"], "queue_size=0 is out of range; accepted: >= 1"),
+        (["--learner-device-ids", "0", "0"], "learner_device_ids=(0, 0) must name at least one device, each once"),
+        (["--num-actor-threads", "4", "--learner-device-ids", "0", "1"],
+         "num_envs / num_actor_threads = 1 trajectories do not split over the 2 learner devices"),
+        (["--architecture", "podracer"], "podracer"),
+    ]:
+        with pytest.raises(SystemExit) as refused, cli.user_errors():
+            impala.main(cli.parse(impala.Args, "impala", ["--preset", "tiny", "--architecture", "sebulba", *argv]))
+        assert refused.value.code == cli.EXIT_USAGE, argv
+        assert message in " ".join(capsys.readouterr().err.replace("│", " ").split()), argv
+    # A device that does not exist is found when the run starts, before a run directory is made.
+    out = subprocess.run([sys.executable, str(ROOT / "algos" / "impala.py"), "--preset", "tiny", "--architecture",
+                          "sebulba", "--actor-device-ids", "3", "--run-root", str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2 and "actor_device_ids=(3,) names a device that does not exist: 1 visible" in out.stderr
+    assert not (tmp_path / "runs").exists()
