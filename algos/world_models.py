@@ -48,7 +48,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import checkpoint, cli, envs, logger, parallel, pixels, runner
+from jaxzoo import checkpoint, cli, envs, logger, parallel, pixels, results, runner
 from jaxzoo.checks import AtLeastOne, NonNegative, Positive, Range, check_fields
 from jaxzoo.layers import StridedConv, StridedConvTranspose
 
@@ -1525,8 +1525,11 @@ def run_pipeline(
             f"episodes x {args.num_seeds} seed(s): {returns.mean():.1f} +- {returns.std():.1f}"
         )
     say("[world_models] seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
+    summary["train_seconds"] = sum(v for k, v in seconds.items() if k != "evaluate")  # the stages run here
     if parallel.is_writer():
         (run_dir / "eval.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+        if "returns" in summary:  # summary.json, run_info.json (jaxzoo.results; the stages' metrics stay apart)
+            results.write_summary(run_dir, results.machine_info())
     return {**summary, "outputs": outputs}
 
 
