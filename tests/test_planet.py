@@ -26,7 +26,7 @@ def tiny(tmp_path, **overrides) -> planet.Args:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    args = tiny(tmp_path_factory.mktemp("runs"), num_seeds=2, eval_every=2)
+    args = tiny(tmp_path_factory.mktemp("runs"), num_seeds=2, eval_every=2, capture_video=True)
     return args, planet.main(args)
 
 
@@ -48,6 +48,10 @@ def test_smoke_two_seeds(tiny_run):
     saved = json.loads((Path(result.run_dir) / "eval.json").read_text())
     assert saved["chunk_traces"] == 1 and np.isfinite(saved["mean"])
     assert len(logger.read_metrics(result.run_dir)["update"]) == 2 * 4
+    # --capture-video with --eval-every 2: each evaluation's videos, one per seed, every episode 200 steps
+    videos = sorted(p.name for p in (Path(result.run_dir) / "videos").iterdir())
+    assert videos == ["update2-seed0.mp4", "update2-seed1.mp4", "update4-seed0.mp4", "update4-seed1.mp4"]
+    assert_videos_show_first_episodes(Path(result.run_dir), 2)
 
 
 def test_replay_rows_keep_the_final_frame_and_mark_episode_starts(tiny_run):
