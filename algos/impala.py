@@ -1,4 +1,4 @@
-"""IMPALA with V-trace, and APPO as a flag, the whole run in one `jax.jit`.
+"""IMPALA with V-trace, and APPO as a flag: the whole run in one `jax.jit`, or actor threads and a learner.
 
 Papers: Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with
 Importance Weighted Actor-Learner Architectures" (arXiv:1802.01561); APPO as
@@ -12,14 +12,19 @@ and trace coefficients c = lambda min(c_bar, pi/mu): its targets train the
 value function, and its advantages weight the policy gradient (eq. 4). APPO
 (`--appo`) replaces that policy gradient with PPO's clipped surrogate on
 the V-trace advantages, measured against a target network, with an optional
-KL penalty. This file is the in-jit ("Anakin") form: rollout and learning in
-one compiled `lax.scan`, vmapped over seeds, the lag made explicit: the actors
-use the learner's parameters of `policy_lag` updates ago, kept in a ring in
-the runner state.
+KL penalty. Two forms of the same learner (Hessel et al. 2021, "Podracer
+architectures", arXiv:2104.06272): the in-jit ("Anakin") form, the default,
+rollout and learning in one compiled `lax.scan`, vmapped over seeds, the lag
+made explicit: the actors use the learner's parameters of `policy_lag`
+updates ago, kept in a ring in the runner state; and the actor-learner
+("Sebulba") form, `--architecture sebulba`: actor threads on their devices
+feed a bounded queue of trajectories to a learner on its devices, which
+publishes new parameters, and the lag is whatever that makes it (measured).
 
     python algos/impala.py                                  # CartPole-v1, 1M steps
     python algos/impala.py --appo --policy-lag 4
     python algos/impala.py --preset rllib-appo --num-seeds 4
+    python algos/impala.py --architecture sebulba --num-actor-threads 4
 
 Details, logged metrics and measured results: docs/impala.md.
 """
@@ -106,7 +111,7 @@ class Args:
     appo: bool = False
     """APPO: PPO's clipped surrogate on the V-trace advantages against a target network (RLlib's APPO); else IMPALA's V-trace policy gradient (eq. 4)"""
     policy_lag: Annotated[int, NonNegative] = 2
-    """updates by which the actors' parameters lag the learner's: actors act with the parameters of policy_lag updates ago (0: on-policy)"""
+    """updates by which the actors' parameters lag the learner's: actors act with the parameters of policy_lag updates ago (0: on-policy); --architecture anakin only, sebulba's lag comes from its threads and queue and is logged"""
     max_episode_steps: Annotated[int, NonNegative] = 0
     """time limit of an episode in env steps; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0)"""
     num_envs: Annotated[int, AtLeastOne] = 16
@@ -430,7 +435,7 @@ class LearnerState(struct.PyTreeNode):
 class TrajectoryBlock(NamedTuple):
     """What an actor thread puts in the queue (--architecture sebulba)."""
 
-    transitions: Transition  # leaves [T, envs_per_actor, ...], on the actor's device
+    rollout: jax.Array  # [T, envs_per_actor, F]: the Transitions, packed (`pack`), on the actor's device
     actor_id: int  # which actor thread acted
     sequence: int  # that thread's count of blocks put in the queue before this one
     params_version: int  # the learner update count of the parameters it acted with
@@ -678,6 +683,32 @@ def episode_metrics_of(traj: Transition) -> dict[str, jax.Array]:
     )
 
 
+def pack(tree, batch_dims: int) -> jax.Array:
+    """The leaves of `tree`, each flattened after its first `batch_dims` axes
+    and cast to float32, side by side: one array [*batch, F]. What crosses
+    between the actor and learner threads and devices (a rollout [T, N, F],
+    the parameters [P]) is one array, so each copy is one transfer and one
+    Python call, not one per leaf (the learner's bottleneck, docs/impala.md).
+    float32 holds the rollouts' ints and bools exactly (below 2**24)."""
+    return jnp.concatenate(
+        [x.reshape(x.shape[:batch_dims] + (-1,)).astype(jnp.float32) for x in jax.tree.leaves(tree)], axis=-1
+    )
+
+
+def unpack(packed: jax.Array, like, batch_dims: int):
+    """`pack`'s inverse: `like` (arrays or shape structs) gives the tree and
+    each leaf's dtype and shape after its first `batch_dims` axes, which take
+    the leading axes of `packed` [*batch, F] (so a concatenation of packed
+    blocks unpacks whole)."""
+    leaves, treedef = jax.tree.flatten(like)
+    sizes = [int(np.prod(x.shape[batch_dims:])) for x in leaves]
+    parts = jnp.split(packed, np.cumsum(sizes)[:-1], axis=-1)
+    batch = packed.shape[:-1]
+    return jax.tree.unflatten(
+        treedef, [part.reshape(batch + x.shape[batch_dims:]).astype(x.dtype) for part, x in zip(parts, leaves)]
+    )
+
+
 def update_target(args: Args, target_params, params, gradient_steps: jax.Array):
     """APPO's target network after a gradient step: an EMA with rate
     target_update_rate, or (rate 0) a hard copy every target_copy_period
@@ -745,8 +776,11 @@ class IMPALA(NamedTuple):
     # --architecture sebulba: the same learner, and one actor thread's environments
     learner_init: Any  # (key, hparams=None) -> LearnerState
     learner_update: Any  # (RunnerState | LearnerState, Batch [T, num_envs], key) -> (state, metrics)
-    actor_reset: Any  # key -> (obs [envs_per_actor, *obs_shape], env_state); None unless sebulba
-    actor_rollout: Any  # (params, env_state, obs, key) -> ((env_state, obs, key), Transition [T, envs_per_actor])
+    actor_reset: Any  # key -> (obs [envs_per_actor, *obs_shape], env_state)
+    actor_rollout: (
+        Any  # (params packed [P], env_state, obs, key) -> ((env_state, obs, key), packed [T, envs_per_actor, F])
+    )
+    unpack_rollout: Any  # packed rollouts [T, N, F] -> Transition [T, N]
 
 
 def make_train(args: Args) -> IMPALA:
@@ -884,27 +918,57 @@ def make_train(args: Args) -> IMPALA:
             state.hparams,
         )
 
-    # --architecture sebulba: each actor thread steps envs_per_actor environments.
+    # --architecture sebulba: each actor thread steps envs_per_actor environments; the
+    # parameters and the rollouts travel between threads packed (`pack`).
     sebulba = args.architecture == "sebulba"
     actor_env = (
         envs.make(args.env_id, args.envs_per_actor, flatten_obs=torso == "mlp", **max_steps)[0] if sebulba else env
     )
+    params_like = jax.eval_shape(lambda: nnx.split(build(jax.random.key(0)))[1])
 
     def actor_reset(key: jax.Array):
         return actor_env.reset(key, env_params)
 
-    def actor_rollout(params: nnx.State, env_state, obs: jax.Array, key: jax.Array):
+    def rollout(params: nnx.State, env_state, obs: jax.Array, key: jax.Array):
         return collect_rollout(actor_env, env_params, graphdef, params, env_state, obs, key, args.num_steps)
 
-    return IMPALA(init, update, train, evaluate, policy, spec, learner_init, learner_update, actor_reset, actor_rollout)
+    def actor_rollout(packed_params: jax.Array, env_state, obs: jax.Array, key: jax.Array):
+        """((env_state, obs, key), the rollout [T, envs_per_actor] packed [T, envs_per_actor, F])
+        with the parameters packed [P]."""
+        carry, traj = rollout(unpack(packed_params, params_like, 0), env_state, obs, key)
+        return carry, pack(traj, 2)
+
+    def unpack_rollout(packed: jax.Array) -> Transition:
+        """Packed rollouts [T, N, F] -> Transition [T, N]."""
+
+        def one(params, key):
+            obs, env_state = actor_reset(key)
+            return rollout(params, env_state, obs, key)[1]
+
+        like = jax.eval_shape(one, params_like, jax.random.key(0))
+        return unpack(packed, like, 2)
+
+    return IMPALA(
+        init,
+        update,
+        train,
+        evaluate,
+        policy,
+        spec,
+        learner_init,
+        learner_update,
+        actor_reset,
+        actor_rollout,
+        unpack_rollout,
+    )
 
 
 # --------------------------------------------------------------------------- #
 # Actor-learner (--architecture sebulba): Python threads on JAX devices
 # --------------------------------------------------------------------------- #
 class ParameterSlot:
-    """The learner's newest parameters and their version (the updates they
-    have seen), behind a lock. The learner publishes after every update: it
+    """The learner's newest parameters, packed into one array [P] (`pack`),
+    and their version (the updates they have seen), behind a lock. The learner publishes after every update: it
     copies the parameters to every actor device (`jax.device_put`, dispatched
     asynchronously) and swaps them in; every actor thread reads its device's
     copy before each rollout. The copies are made on the learner's thread
@@ -912,17 +976,17 @@ class ParameterSlot:
     threads at once can corrupt the array's list of buffers (seen here with a
     learner on two devices)."""
 
-    def __init__(self, version: int, params: nnx.State, devices: list):
+    def __init__(self, version: int, params: jax.Array, devices: list):
         self._lock = threading.Lock()
         self._devices = list(dict.fromkeys(devices))  # each actor device once
         self.publish(version, params)
 
-    def publish(self, version: int, params: nnx.State) -> None:
+    def publish(self, version: int, params: jax.Array) -> None:
         copies = {device: jax.device_put(params, device) for device in self._devices}
         with self._lock:
             self._version, self._copies = version, copies
 
-    def read(self, device) -> tuple[int, nnx.State]:
+    def read(self, device) -> tuple[int, jax.Array]:
         """(version, the parameters on `device`)."""
         with self._lock:
             return self._version, self._copies[device]
@@ -1002,8 +1066,8 @@ class ActorThreads:
         sequence = 0
         while self._take_block():
             version, params = self.slot.read(device)  # the learner's newest, already on this device
-            (env_state, obs, key), transitions = rollout(params, env_state, obs, key)
-            block = TrajectoryBlock(jax.block_until_ready(transitions), actor_id, sequence, version)
+            (env_state, obs, key), packed = rollout(params, env_state, obs, key)
+            block = TrajectoryBlock(jax.block_until_ready(packed), actor_id, sequence, version)
             while not self.halt.is_set():
                 try:
                     self.queue.put(block, timeout=0.05)
@@ -1070,16 +1134,19 @@ class SebulbaLearner:
         """The learner's step, lowered for the placed state and blocks and compiled once."""
         algo, k = self.algo, self.args.num_actor_threads
 
-        def step(state: LearnerState, blocks: tuple[Transition, ...]):
+        def step(state: LearnerState, blocks: tuple[jax.Array, ...]):
+            """(state, packed blocks [T, envs_per_actor, F] x k) -> (state, metrics,
+            first non-finite leaf of the state or -1, the new parameters packed [P])."""
             self.traces += 1
-            traj = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *blocks)  # [T, num_envs]
+            traj = algo.unpack_rollout(jnp.concatenate(blocks, axis=1))  # Transition [T, num_envs]
             key, learn_key = jax.random.split(state.key)
             state, metrics = algo.learner_update(state.replace(key=key), batch_of(traj), learn_key)
-            return state, {**episode_metrics_of(traj), **metrics}, runner.first_nonfinite_leaf(state)
+            metrics = {**episode_metrics_of(traj), **metrics}
+            return state, metrics, runner.first_nonfinite_leaf(state), pack(state.params, 0)
 
         def one_block(state, key):
             obs, env_state = algo.actor_reset(key)
-            return algo.actor_rollout(state.params, env_state, obs, key)[1]
+            return algo.actor_rollout(pack(state.params, 0), env_state, obs, key)[1]
 
         placed = lambda tree, sharding: jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
@@ -1178,9 +1245,9 @@ class SebulbaLearner:
             if blocks is None:
                 break
             waited = time.perf_counter() - wait_start
-            placed = tuple(jax.device_put(b.transitions, self.block_sharding) for b in blocks)
-            state, metrics, bad_leaf = step(state, placed)
-            actors.slot.publish(update, state.params)
+            placed = tuple(jax.device_put(b.rollout, self.block_sharding) for b in blocks)
+            state, metrics, bad_leaf, packed_params = step(state, placed)
+            actors.slot.publish(update, packed_params)
             self.record(update, blocks, metrics, bad_leaf, fill, waited)
             done, evaluation = update, None
             if args.eval_every and (update % args.eval_every == 0 or update == num_updates):
@@ -1217,7 +1284,7 @@ def train_sebulba(args: Args, run_dir, stop: runner.StopRequest, actor_devices, 
     # A resumed run's actors start fresh episodes, from keys of their own.
     actor_key = jax.random.fold_in(jax.random.fold_in(jax.random.key(args.seed), 2), updates_done)
     blocks = (args.num_updates - updates_done) * args.num_actor_threads
-    slot = ParameterSlot(updates_done, state.params, actor_devices)
+    slot = ParameterSlot(updates_done, jax.jit(functools.partial(pack, batch_dims=0))(state.params), actor_devices)
     actors = ActorThreads(args, algo, actor_devices, slot, trajectories, blocks, actor_key)
     eval_key = jax.random.fold_in(jax.random.key(args.seed), 1)  # as jaxzoo.runner's evaluation
     compiled_eval = jax.jit(algo.evaluate, compiler_options=None if args.eval_every else runner.RUN_ONCE)

@@ -379,3 +379,39 @@ def test_sebulba_bad_flags_exit_2_naming_the_value(tmp_path, capsys):
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 2 and "actor_device_ids=(3,) names a device that does not exist: 1 visible" in out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_pack_round_trips_a_rollout_and_the_parameters_exactly(tmp_path):
+    """What crosses between actor and learner threads is one float32 array;
+    unpacking gives back every field bit for bit (ints, bools, floats), also
+    for blocks concatenated along the environment axis."""
+    rng = np.random.default_rng(0)
+    T, N = 5, 3
+
+    def block():
+        return impala.Transition(
+            obs=rng.normal(size=(T, N, 4)).astype(np.float32), action=rng.integers(0, 7, (T, N)).astype(np.int32),
+            behaviour_log_prob=rng.normal(size=(T, N)).astype(np.float32),
+            reward=rng.normal(size=(T, N)).astype(np.float32), terminated=rng.random((T, N)) < 0.3,
+            truncated=rng.random((T, N)) < 0.3, final_obs=rng.normal(size=(T, N, 4)).astype(np.float32),
+            episode_done=rng.random((T, N)) < 0.3, episode_return=rng.normal(size=(T, N)).astype(np.float32),
+            episode_length=rng.integers(0, 500_000, (T, N)).astype(np.int32))
+
+    blocks = [block(), block()]
+    packed = np.concatenate([impala.pack(b, 2) for b in blocks], axis=1)
+    assert packed.shape == (T, 2 * N, 4 + 1 + 1 + 1 + 1 + 1 + 4 + 1 + 1 + 1) and packed.dtype == np.float32
+    whole = impala.unpack(packed, blocks[0], 2)
+    for name, field in whole._asdict().items():
+        expected = np.concatenate([getattr(b, name) for b in blocks], axis=1)
+        assert field.dtype == expected.dtype, name
+        np.testing.assert_array_equal(field, expected, err_msg=name)
+    # The algorithm's own round trips: parameters [P], and an actor's rollout [T, envs_per_actor, F].
+    algo = impala.make_train(sebulba(tmp_path))
+    params = algo.learner_init(jax.random.key(0)).params
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(impala.unpack(impala.pack(params, 0), params, 0))):
+        np.testing.assert_array_equal(a, b)
+    obs, env_state = algo.actor_reset(jax.random.key(1))
+    _, rollout = algo.actor_rollout(impala.pack(params, 0), env_state, obs, jax.random.key(2))
+    traj = algo.unpack_rollout(rollout)
+    assert traj.obs.shape == (32, 2, 4) and traj.action.dtype == np.int32 and traj.terminated.dtype == bool
+    np.testing.assert_array_equal(traj.obs[0], obs)  # the rollout starts where the reset left the envs
