@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every IMPALA / APPO number and curve in docs/impala.md comes from this script.
-#   bash benchmarks/impala.sh [cartpole|appo|rllib|lag|all]
+#   bash benchmarks/impala.sh [cartpole|appo|rllib|lag|sebulba|all]
 # Runs go to benchmarks/out/impala/<part>/, curves to docs/img/, and
 # benchmarks/summarize.py prints the results table from the run directories.
 set -euo pipefail
@@ -36,5 +36,60 @@ fi
 if [[ $what == lag || $what == all ]]; then
   for lag in 0 2 4 8; do run "lag$lag" 4 --preset cartpole --policy-lag "$lag"; done
   $PY -m jaxzoo.plot "$OUT"/lag{0,2,4,8}/* --out docs/img/impala_lag.png --title "IMPALA, CartPole-v1, policy lag" --smooth 20
+fi
+# The actor-learner (--architecture sebulba): env steps/s with 1, 2 and 4 actor threads,
+# 3 runs of 300k steps each of the cartpole preset on 5 forced host devices: the threads
+# sharing cpu:0 with the learner (shared); the threads on cpu:0-3, the learner on cpu:4
+# (apart); as shared but 16 envs per thread, so the batch grows with the threads (wide);
+# and the in-jit form on one seed for reference (anakin). Then whether it learns: the
+# cartpole preset's 1M steps, 1 seed, 2 threads.
+if [[ $what == sebulba || $what == all ]]; then
+  export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=5"
+  uptime
+  for repeat in 1 2 3; do
+    name="sebulba-anakin-1-r$repeat"
+    rm -rf "${OUT:?}/$name"
+    $PY algos/impala.py --preset cartpole --total-timesteps 300000 --run-root "$OUT/$name" --exp-name sebulba-anakin \
+      --no-save-model | tail -1
+  done
+  for layout in shared apart wide; do
+    for threads in 1 2 4; do
+      flags=(--actor-device-ids 0 --learner-device-ids 0)
+      [[ $layout == apart ]] && flags=(--actor-device-ids 0 1 2 3 --learner-device-ids 4)
+      [[ $layout == wide ]] && flags+=(--num-envs $((16 * threads)))
+      for repeat in 1 2 3; do
+        name="sebulba-$layout-$threads-r$repeat"
+        rm -rf "${OUT:?}/$name"
+        $PY algos/impala.py --preset cartpole --architecture sebulba --num-actor-threads "$threads" "${flags[@]}" \
+          --total-timesteps 300000 --run-root "$OUT/$name" --exp-name "sebulba-$layout-$threads" --no-save-model \
+          | tail -1
+      done
+    done
+  done
+  uptime
+  run sebulba-cartpole 1 --preset cartpole --architecture sebulba --num-actor-threads 2
+  $PY - "$OUT" <<'SUMMARY'
+import json, sys
+from pathlib import Path
+import numpy as np
+from jaxzoo import logger
+print("| layout | actor threads | env steps/s (median of 3) | the 3 runs | policy lag mean / max | queue fill | learner wait per update |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+layouts = [("anakin", "in-jit form, 1 seed (reference)"), ("shared", "threads and learner on cpu:0"),
+           ("apart", "threads on cpu:0-3, learner on cpu:4"), ("wide", "as shared, 16 envs per thread")]
+for layout, where in layouts:
+    for threads in (1,) if layout == "anakin" else (1, 2, 4):
+        speed, lag, lag_max, fill, wait = [], [], [], [], []
+        for run in sorted(Path(sys.argv[1]).glob(f"sebulba-{layout}-{threads}-r*/*")):
+            rows, evaluation = logger.read_metrics(run), json.loads((run / "eval.json").read_text())
+            speed.append(rows["global_step"].max() / evaluation["train_seconds"])  # training loop, compile excluded
+            if "policy_lag_mean" in rows:
+                lag.append(rows["policy_lag_mean"].mean()); lag_max.append(rows["policy_lag_max"].max())
+                fill.append(rows["queue_fill"].mean()); wait.append(rows["learner_wait_seconds"].mean())
+        sebulba = (f"{np.mean(lag):.2f} / {max(lag_max):.0f} | {np.mean(fill):.2f} | {1e3 * np.mean(wait):.2f} ms"
+                   if lag else "— | — | —")
+        print(f"| {where} | {threads if layout != 'anakin' else '—'} | {np.median(speed):,.0f} | "
+              f"{', '.join(f'{s:,.0f}' for s in speed)} | {sebulba} |")
+SUMMARY
 fi
 $PY benchmarks/summarize.py "$OUT"/*/*

@@ -415,3 +415,11 @@ def test_pack_round_trips_a_rollout_and_the_parameters_exactly(tmp_path):
     traj = algo.unpack_rollout(rollout)
     assert traj.obs.shape == (32, 2, 4) and traj.action.dtype == np.int32 and traj.terminated.dtype == bool
     np.testing.assert_array_equal(traj.obs[0], obs)  # the rollout starts where the reset left the envs
+
+
+def test_sebulba_divergence_stops_the_run_with_every_thread_joined(tmp_path):
+    with pytest.raises(cli.Diverged, match=r"seed index 0 \(seed 0\) at update \d+: first non-finite value"):
+        impala.main(sebulba(tmp_path, learning_rate=1e30))
+    assert actor_threads_alive() == []
+    (run_dir,) = tmp_path.iterdir()
+    assert not (run_dir / "eval.json").exists() and checkpoint.latest_update(run_dir) is None
