@@ -783,6 +783,36 @@ class IMPALA(NamedTuple):
     unpack_rollout: Any  # packed rollouts [T, N, F] -> Transition [T, N]
 
 
+def actor_functions(args: Args, actor_env, env_params, graphdef: nnx.GraphDef, params_like):
+    """--architecture sebulba: (actor_reset, actor_rollout, unpack_rollout)
+    of one actor thread's environments `actor_env` (envs_per_actor of them).
+    The parameters and the rollouts travel between threads and devices packed
+    (`pack`); `params_like` is the parameters' structure (shape structs)."""
+
+    def actor_reset(key: jax.Array):
+        return actor_env.reset(key, env_params)
+
+    def rollout(params: nnx.State, env_state, obs: jax.Array, key: jax.Array):
+        return collect_rollout(actor_env, env_params, graphdef, params, env_state, obs, key, args.num_steps)
+
+    def actor_rollout(packed_params: jax.Array, env_state, obs: jax.Array, key: jax.Array):
+        """((env_state, obs, key), the rollout [T, envs_per_actor] packed [T, envs_per_actor, F])
+        with the parameters packed [P]."""
+        carry, traj = rollout(unpack(packed_params, params_like, 0), env_state, obs, key)
+        return carry, pack(traj, 2)
+
+    def unpack_rollout(packed: jax.Array) -> Transition:
+        """Packed rollouts [T, N, F] -> Transition [T, N]."""
+
+        def one(params, key):
+            obs, env_state = actor_reset(key)
+            return rollout(params, env_state, obs, key)[1]
+
+        return unpack(packed, jax.eval_shape(one, params_like, jax.random.key(0)), 2)
+
+    return actor_reset, actor_rollout, unpack_rollout
+
+
 def make_train(args: Args) -> IMPALA:
     max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
     probe_env, probe_params = envs.make(args.env_id)
@@ -907,60 +937,16 @@ def make_train(args: Args) -> IMPALA:
         """--architecture sebulba: the learner's half of `init` (the same
         parameters for the same key); the environments live in the actor threads."""
         state = init(key, hparams)
-        return LearnerState(
-            state.params,
-            state.target_params,
-            state.opt_state,
-            state.key,
-            state.update_step,
-            state.gradient_steps,
-            state.kl_coef,
-            state.hparams,
-        )
+        return LearnerState(**{f.name: getattr(state, f.name) for f in dataclasses.fields(LearnerState)})
 
-    # --architecture sebulba: each actor thread steps envs_per_actor environments; the
-    # parameters and the rollouts travel between threads packed (`pack`).
+    # --architecture sebulba: each actor thread steps envs_per_actor environments.
     sebulba = args.architecture == "sebulba"
     actor_env = (
         envs.make(args.env_id, args.envs_per_actor, flatten_obs=torso == "mlp", **max_steps)[0] if sebulba else env
     )
     params_like = jax.eval_shape(lambda: nnx.split(build(jax.random.key(0)))[1])
-
-    def actor_reset(key: jax.Array):
-        return actor_env.reset(key, env_params)
-
-    def rollout(params: nnx.State, env_state, obs: jax.Array, key: jax.Array):
-        return collect_rollout(actor_env, env_params, graphdef, params, env_state, obs, key, args.num_steps)
-
-    def actor_rollout(packed_params: jax.Array, env_state, obs: jax.Array, key: jax.Array):
-        """((env_state, obs, key), the rollout [T, envs_per_actor] packed [T, envs_per_actor, F])
-        with the parameters packed [P]."""
-        carry, traj = rollout(unpack(packed_params, params_like, 0), env_state, obs, key)
-        return carry, pack(traj, 2)
-
-    def unpack_rollout(packed: jax.Array) -> Transition:
-        """Packed rollouts [T, N, F] -> Transition [T, N]."""
-
-        def one(params, key):
-            obs, env_state = actor_reset(key)
-            return rollout(params, env_state, obs, key)[1]
-
-        like = jax.eval_shape(one, params_like, jax.random.key(0))
-        return unpack(packed, like, 2)
-
-    return IMPALA(
-        init,
-        update,
-        train,
-        evaluate,
-        policy,
-        spec,
-        learner_init,
-        learner_update,
-        actor_reset,
-        actor_rollout,
-        unpack_rollout,
-    )
+    actor = actor_functions(args, actor_env, env_params, graphdef, params_like)
+    return IMPALA(init, update, train, evaluate, policy, spec, learner_init, learner_update, *actor)
 
 
 # --------------------------------------------------------------------------- #
