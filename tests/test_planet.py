@@ -17,7 +17,7 @@ from flax import nnx
 
 from jaxzoo.algos import planet
 from jaxzoo import cli, dmc, logger
-from conftest import assert_killed_run_resumes_exactly, run_copied_script, assert_videos_show_first_episodes
+from conftest import assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
 
 
 def tiny(tmp_path, **overrides) -> planet.Args:

@@ -8,7 +8,7 @@ import tomllib
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, assert_killed_run_resumes_exactly, run_copied_script, assert_videos_show_first_episodes
+from conftest import ROOT, assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
 
 from jaxzoo import checkpoint, cli, logger
 from jaxzoo.algos import rainbow

@@ -6,7 +6,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from conftest import assert_killed_run_resumes_exactly, run_copied_script, assert_videos_show_first_episodes
+from conftest import assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
 
 from jaxzoo import cli, logger, runner
 from jaxzoo.algos import unizero as uz

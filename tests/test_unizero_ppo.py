@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_killed_run_resumes_exactly, run_copied_script, assert_videos_show_first_episodes
+from conftest import assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
 from flax import nnx
 
 from jaxzoo import cli
