@@ -15,6 +15,7 @@ the final observation instead of being treated as terminal.
     python algos/ppo.py                                   # CartPole-v1, 500k steps
     python algos/ppo.py --preset breakout-minatar --num-seeds 4
     python algos/ppo.py --preset pendulum                 # continuous actions
+    python algos/ppo.py --preset atari                    # envpool:Breakout-v5 from pixels (atari extra)
 
 Details, logged metrics and measured results: docs/ppo.md.
 """
@@ -34,7 +35,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import cli, envs, layers, parallel, runner
+from jaxzoo import atari, cli, envs, layers, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fields
 
 
@@ -43,7 +44,7 @@ from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fie
 # --------------------------------------------------------------------------- #
 @dataclass(frozen=True)
 class Args:
-    """PPO (Schulman et al. 2017) on a gymnax environment, jitted end to end."""
+    """PPO (Schulman et al. 2017) on a gymnax environment or an envpool Atari game, jitted end to end."""
 
     exp_name: str = "ppo"
     """name of the experiment: part of the run directory and the plot label"""
@@ -52,7 +53,7 @@ class Args:
     num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "CartPole-v1"
-    """gymnax environment id"""
+    """gymnax environment id, or an Atari game stepped by envpool inside jit, 'envpool:<Game>-v5' (needs the `atari` extra; one seed per process; docs/ppo.md, Atari)"""
     total_timesteps: Annotated[int, AtLeastOne] = 500_000
     """environment steps per seed"""
     log_every: Annotated[int, AtLeastOne] = 10
@@ -92,7 +93,7 @@ class Args:
     eval_every: Annotated[int, NonNegative] = 0
     """updates between greedy evaluations during training, logged as eval_return (0: only at the end)"""
     max_episode_steps: Annotated[int, NonNegative] = 0
-    """time limit of an episode in env steps; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0)"""
+    """time limit of an episode in env steps; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0; Atari's is 27,000 agent steps, 108k frames)"""
     num_envs: Annotated[int, AtLeastOne] = 4
     """parallel environments per seed"""
     num_steps: Annotated[int, AtLeastOne] = 128
@@ -131,10 +132,12 @@ class Args:
     """initial adaptive KL-penalty coefficient as in RLlib (0: no penalty)"""
     kl_target: Annotated[float, Positive] = 0.01
     """KL target of the adaptive penalty: x1.5 above 2x target, x0.5 below half"""
-    torso: Literal["auto", "mlp", "cnn"] = "auto"
-    """network torso: auto picks cnn for image observations [H, W, C], mlp otherwise"""
+    torso: Literal["auto", "mlp", "cnn", "nature"] = "auto"
+    """network torso: cnn is the MinAtar network, nature the Nature DQN convolutions; auto picks nature for envpool ids, cnn for other image observations [H, W, C], mlp otherwise"""
     hidden_sizes: Annotated[tuple[int, ...], AtLeastOne] = (64, 64)
-    """MLP layer widths (after the convolution for the cnn torso)"""
+    """MLP layer widths (after the convolutions for the cnn and nature torsos; empty: none)"""
+    conv_padding: Literal["valid", "same"] = "valid"
+    """padding of the nature torso's convolutions: valid (Nature DQN, CleanRL) or same (RLlib's CNN encoder, out = ceil(in / stride))"""
     activation: Literal["tanh", "relu"] = "tanh"
     """hidden-layer activation"""
     shared_torso: bool = False
@@ -143,9 +146,28 @@ class Args:
     """running observation normalisation (continuous control)"""
     normalize_reward: bool = False
     """scale rewards by the running std of the discounted return (continuous control)"""
+    # Atari preprocessing (DeepMind's, done by envpool; envpool ids only; common/atari.py)
+    frame_skip: Annotated[int, AtLeastOne] = 4
+    """Atari: emulator frames per agent step, the action repeated (the last two frames max-pooled)"""
+    frame_stack: Annotated[int, AtLeastOne] = 4
+    """Atari: frames stacked on the channel axis of an observation"""
+    noop_max: Annotated[int, AtLeastOne] = 30
+    """Atari: up to this many no-op frames at every reset, drawn uniformly (1: no random no-op starts)"""
+    episodic_life: bool = True
+    """Atari: a lost life is `terminated` for the learner (the logged score stays the whole game's)"""
+    fire_reset: bool = True
+    """Atari: press FIRE after every reset in games that need it to start"""
+    reward_clip: bool = True
+    """Atari: the learner sees the sign of each reward (the logged score is unclipped)"""
+    image_size: Annotated[int, AtLeastOne] = 84
+    """Atari: side of the square frames in pixels"""
+    grayscale: bool = True
+    """Atari: one-channel frames instead of RGB"""
 
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
+        if atari.is_envpool(self.env_id):
+            self.check_envpool()
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"the batch num_envs * num_steps = {self.num_envs} * {self.num_steps} = "
@@ -157,6 +179,29 @@ class Args:
                 f"total_timesteps={self.total_timesteps} is less than one batch "
                 f"(num_envs * num_steps = {self.batch_size}); accepted: total_timesteps >= {self.batch_size}"
             )
+
+    def check_envpool(self) -> None:
+        """What an envpool id cannot do (common/atari.py); the id itself is checked when the env is built."""
+        refused = [
+            (
+                self.num_seeds != 1,
+                f"num_seeds must be 1, got {self.num_seeds}: envpool's XLA calls cannot be vmapped "
+                "over seeds (run each seed as its own process with --seed)",
+            ),
+            (self.parallel == "data", "--parallel data is not supported: the envs live in one envpool pool"),
+            (
+                self.torso not in ("auto", "nature"),
+                f"torso={self.torso!r} is not for Atari frames; accepted: auto, nature",
+            ),
+            (
+                self.normalize_obs or self.normalize_reward,
+                "normalize_obs and normalize_reward are for continuous control",
+            ),
+            (self.capture_video, "--capture-video is not supported for envpool ids yet"),
+        ]
+        for bad, message in refused:
+            if bad:
+                raise ValueError(f"env_id {self.env_id!r}: {message}")
 
     @property
     def batch_size(self) -> int:
@@ -227,6 +272,58 @@ class MinAtarCNN(nnx.Module):
         return self.mlp(x.reshape(x.shape[:-3] + (-1,)))
 
 
+def same_padding(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
+    """Zero padding (before, after) that makes a convolution's output
+    ceil(size / stride) long, as RLlib's `same_padding` (the extra pixel after)."""
+    total = max((-(-size // stride) - 1) * stride + kernel_size - size, 0)
+    return total // 2, total - total // 2
+
+
+class NatureCNN(nnx.Module):
+    """[..., H, W, C] uint8 frames -> [..., hidden_sizes[-1]]: the Nature DQN
+    convolutions (Mnih et al. 2015: 32 8x8 filters stride 4, 64 4x4 stride 2,
+    64 3x3 stride 1, each followed by a ReLU), then an MLP (512 units in the
+    atari preset). Inputs are scaled to [0, 1] here, so rollouts keep bytes.
+    Orthogonal weights with gain sqrt(2) and zero biases, as CleanRL's
+    ppo_atari_envpool_xla_jax.py. Each convolution is patches @ kernel like
+    MinAtarCNN's: a `lax.conv` kernel gradient inside the update's scan was
+    about 40x slower here (docs/ppo.md, Atari). `padding` "valid" is the
+    Nature network's (84 -> 20 -> 9 -> 7); "same" is RLlib's CNN encoder's
+    (84 -> 21 -> 11 -> 11)."""
+
+    FILTERS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels, kernel size, stride)
+
+    def __init__(self, obs_shape, hidden_sizes, activation: str, padding: str, rngs: nnx.Rngs):
+        height, width, channels = obs_shape
+        pads, convs = [], []
+        for out_channels, kernel_size, stride in self.FILTERS:
+            pad_h, pad_w = (
+                (same_padding(height, kernel_size, stride), same_padding(width, kernel_size, stride))
+                if padding == "same"
+                else ((0, 0), (0, 0))
+            )
+            pads.append((pad_h, pad_w))
+            convs.append(dense(kernel_size * kernel_size * channels, out_channels, np.sqrt(2), rngs))
+            height = (height + sum(pad_h) - kernel_size) // stride + 1
+            width = (width + sum(pad_w) - kernel_size) // stride + 1
+            channels = out_channels
+        self.convs = nnx.List(convs)
+        self.pads = tuple(pads)  # static: ((top, bottom), (left, right)) per convolution
+        self.mlp = MLP(height * width * channels, hidden_sizes, activation, rngs)
+        self.out_features = self.mlp.out_features
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for layer, (conv, (pad_h, pad_w), (_, kernel_size, stride)) in enumerate(
+            zip(self.convs, self.pads, self.FILTERS)
+        ):
+            x = jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [pad_h, pad_w, (0, 0)])
+            windows = layers.patches(x, kernel_size, stride)
+            if layer == 0:  # frames in [0, 255] (bytes or floats), scaled after cutting the windows
+                windows = windows.astype(jnp.float32) / 255.0
+            x = jax.nn.relu(conv(windows))
+        return self.mlp(x.reshape(x.shape[:-3] + (-1,)))
+
+
 # The policies are distrax distributions (as in PureJaxRL): a categorical over
 # logits for discrete actions, a diagonal Gaussian for continuous ones.
 Distribution: TypeAlias = "distrax.Categorical | distrax.MultivariateNormalDiag"
@@ -240,10 +337,21 @@ class ActorCritic(nnx.Module):
     (orthogonal gain 0.01), the value head with gain 1.
     """
 
-    def __init__(self, spec: envs.EnvSpec, torso: str, hidden_sizes, activation, shared_torso, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        spec: envs.EnvSpec,
+        torso: str,
+        hidden_sizes,
+        activation,
+        shared_torso,
+        rngs: nnx.Rngs,
+        conv_padding: str = "valid",
+    ):
         def make_torso():
             if torso == "cnn":
                 return MinAtarCNN(spec.obs_shape, hidden_sizes, activation, rngs)
+            if torso == "nature":
+                return NatureCNN(spec.obs_shape, hidden_sizes, activation, conv_padding, rngs)
             return MLP(int(np.prod(spec.obs_shape)), hidden_sizes, activation, rngs)
 
         self.actor_torso = make_torso()
@@ -544,16 +652,39 @@ class PPO(NamedTuple):
     spec: envs.EnvSpec
 
 
-def make_train(args: Args) -> PPO:
+def make_envs(args: Args):
+    """(env, env_params, eval_env, spec, torso): the training envs (num_envs),
+    the greedy evaluation's (eval_episodes) and the torso for their observations."""
+    if atari.is_envpool(args.env_id):
+        # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py).
+        preprocessing = dict(
+            frame_skip=args.frame_skip,
+            frame_stack=args.frame_stack,
+            noop_max=args.noop_max,
+            episodic_life=args.episodic_life,
+            fire_reset=args.fire_reset,
+            reward_clip=args.reward_clip,
+            image_size=args.image_size,
+            grayscale=args.grayscale,
+            max_episode_steps=args.max_episode_steps or atari.MAX_EPISODE_STEPS,
+        )
+        env, env_params = atari.make(args.env_id, args.num_envs, seed=args.seed, **preprocessing)
+        eval_env, _ = atari.make(args.env_id, args.eval_episodes, seed=args.seed, role=1, **preprocessing)
+        return env, env_params, eval_env, env.spec, "nature"
     max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
     probe_env, probe_params = envs.make(args.env_id)
     probe_spec = envs.spec(probe_env, probe_params)
     image_obs = len(probe_spec.obs_shape) == 3
     torso = args.torso if args.torso != "auto" else ("cnn" if image_obs else "mlp")
-    if torso == "cnn" and not image_obs:
+    if torso in ("cnn", "nature") and not image_obs:
         raise ValueError(
-            f"torso='cnn' needs image observations [H, W, C]; {args.env_id} observations "
+            f"torso={torso!r} needs image observations [H, W, C]; {args.env_id} observations "
             f"have shape {probe_spec.obs_shape} (use torso='mlp' or 'auto')"
+        )
+    if torso == "nature" and min(probe_spec.obs_shape[:2]) < 36:
+        raise ValueError(
+            f"torso='nature' needs images of at least 36 x 36 pixels; {args.env_id} observations have shape "
+            f"{probe_spec.obs_shape} (MinAtar's 10 x 10: torso='cnn')"
         )
     env, env_params = envs.make(
         args.env_id,
@@ -568,10 +699,17 @@ def make_train(args: Args) -> PPO:
     spec = envs.spec(env, env_params)
     if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
         eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
+    return env, env_params, eval_env, spec, torso
+
+
+def make_train(args: Args) -> PPO:
+    env, env_params, eval_env, spec, torso = make_envs(args)
     # The module structure, without computing any weights (they are made per seed in `init`).
     graphdef = nnx.graphdef(
         nnx.eval_shape(
-            lambda: ActorCritic(spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(0))
+            lambda: ActorCritic(
+                spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(0), args.conv_padding
+            )
         )
     )
     num_updates = args.num_updates
@@ -590,7 +728,15 @@ def make_train(args: Args) -> PPO:
         hparams = Hyperparams.from_args(args) if hparams is None else hparams
         key, model_key, env_key = jax.random.split(key, 3)
         params = nnx.split(
-            ActorCritic(spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(model_key))
+            ActorCritic(
+                spec,
+                torso,
+                args.hidden_sizes,
+                args.activation,
+                args.shared_torso,
+                nnx.Rngs(model_key),
+                args.conv_padding,
+            )
         )[1]
         obs, env_state = env.reset(env_key, env_params)
         return RunnerState(
@@ -645,6 +791,9 @@ def make_train(args: Args) -> PPO:
             "advantage_mean": advantages.mean(),
             "return_mean": returns.mean(),
         }
+        if atari.is_envpool(args.env_id):
+            # An Atari "episode" is the whole game: the unclipped score over all its lives (common/atari.py, 5).
+            metrics["game_score"], metrics["game_length"] = metrics["episode_return"], metrics["episode_length"]
         return new_state, metrics
 
     def train(key: jax.Array, hparams: Hyperparams | None = None):
