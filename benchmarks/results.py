@@ -101,7 +101,10 @@ papers do, with their uncertainty.
 - **Training loop**: wall seconds of the training loop for all seeds together
   (vmapped), compilation excluded; **compile**: tracing and compiling, less
   when JAX's persistent compilation cache already held the program (it is on
-  by default). The machine and date are the run's own (`run_info.json`).
+  by default). The machine and date are the run's own (`run_info.json`);
+  "load" is the machine's 15-minute load average when the run ended (runs
+  from before it was recorded show none): near or above the core count, the
+  run shared the CPU with other jobs and its seconds overstate its cost.
 """
 
 OWN_RUNS = """\
@@ -155,7 +158,8 @@ def machine(info: dict) -> str:
         return "unknown"
     cpu = re.sub(r"\((R|TM)\)|\s+Processor|\s+CPU", "", m["cpu"]).strip()
     device = "" if m["backend"] == "cpu" else f", {m['devices']}"
-    return f"{m['cpu_cores']}-core {cpu}{device}, jax {m['jax']}"
+    load = f", load {m['load_average_15min']:.1f}" if "load_average_15min" in m else ""
+    return f"{m['cpu_cores']}-core {cpu}{device}, jax {m['jax']}{load}"
 
 
 def table(groups: dict[str, list[results.Result]], reps: int) -> list[str]:

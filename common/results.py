@@ -150,6 +150,9 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "jax": jax.__version__,
         "jaxlib": getattr(jax.lib, "__version__", None) or jax.__version__,
+        # Runnable processes averaged over the last 15 minutes when the run ended: near or
+        # above cpu_cores, the run shared the machine and its seconds overstate its cost.
+        "load_average_15min": round(os.getloadavg()[2], 2),
     }
 
 
