@@ -84,11 +84,15 @@ def enlarge(images: np.ndarray, target: int = SIZE) -> np.ndarray:
 
 
 def to_uint8(images: np.ndarray) -> np.ndarray:
-    """Float images in [0, 1] (or uint8) [T, H, W, 1 or 3] -> uint8 RGB."""
+    """Float images in [0, 1] (or uint8) [T, H, W, C] -> uint8 RGB [T, H, W, 3]:
+    C = 3 is RGB, C = 1 grayscale; any other C is a stack of grayscale frames
+    (Atari's 4), shown by its newest, the last channel."""
     images = np.asarray(images)
     if images.dtype != np.uint8:
         images = (np.clip(images.astype(np.float32), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    return np.repeat(images, 3, axis=-1) if images.shape[-1] == 1 else images[..., :3]
+    if images.shape[-1] != 3:
+        images = images[..., -1:]
+    return np.repeat(images, 3, axis=-1) if images.shape[-1] == 1 else images
 
 
 def grid_frames(grids: np.ndarray) -> np.ndarray:

@@ -89,6 +89,13 @@ def test_host_env_images_are_written_as_they_are(tmp_path):
     assert iio.imread(path).shape[0] == 7
 
 
+def test_image_observations_of_any_channel_count_become_rgb():
+    gray = np.linspace(0, 1, 2 * 4 * 4).reshape(2, 4, 4, 1).astype(np.float32)
+    np.testing.assert_array_equal(video.to_uint8(gray)[..., 0], video.to_uint8(gray)[..., 2])
+    stack = np.random.default_rng(0).integers(0, 256, (2, 4, 4, 4), dtype=np.uint8)  # Atari's 4 stacked frames
+    np.testing.assert_array_equal(video.to_uint8(stack), np.repeat(stack[..., -1:], 3, axis=-1))  # the newest
+
+
 def test_write_mp4_and_gif_and_the_gif_command(tmp_path):
     frames = np.zeros((12, 40, 50, 3), np.uint8)
     frames[:, :, :, 0] = np.arange(12)[:, None, None] * 20
