@@ -240,6 +240,7 @@ def test_documented_presets_exist():
     import tomllib
 
     presets = tomllib.loads((ROOT / "configs" / "ppo.toml").read_text())
-    for name in ("cartpole", "pendulum", "rllib", "breakout-minatar", "space-invaders-minatar", "tiny"):
+    for name in ("cartpole", "pendulum", "rllib", "breakout-minatar", "space-invaders-minatar", "tiny", "atari",
+                 "rllib-breakout", "tiny-atari"):
         assert name in presets, name
         cli.preset_args(ppo.Args, "ppo", name)  # every key is an Args field
