@@ -197,7 +197,6 @@ class Args:
                 self.normalize_obs or self.normalize_reward,
                 "normalize_obs and normalize_reward are for continuous control",
             ),
-            (self.capture_video, "--capture-video is not supported for envpool ids yet"),
         ]
         for bad, message in refused:
             if bad:
@@ -670,6 +669,8 @@ def make_envs(args: Args):
         )
         env, env_params = atari.make(args.env_id, args.num_envs, seed=args.seed, **preprocessing)
         eval_env, _ = atari.make(args.env_id, args.eval_episodes, seed=args.seed, role=1, **preprocessing)
+        if args.capture_video:  # the newest frame at each step of env 0's first game (jaxzoo.video)
+            eval_env = envs.RecordEpisode(eval_env, env.spec.max_episode_steps + 1)
         return env, env_params, eval_env, env.spec, "nature"
     max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
     probe_env, probe_params = envs.make(args.env_id)

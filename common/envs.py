@@ -434,12 +434,13 @@ class RecordEpisode(Wrapper):
         self.max_frames = max_frames
 
     def source(self, env_state, obs):
-        """One step's entry: env 0's gymnax state, or its observation [H, W, C]."""
+        """One step's entry: env 0's gymnax state, or its observation [H, W, C]
+        (of a stack of grayscale frames, as Atari's, only the newest: [H, W, 1])."""
         from gymnax.environments.environment import Environment  # on first use (ENV_IDS says why)
 
         if isinstance(self.unwrapped, Environment):
             return jax.tree.map(lambda x: x[0], innermost_state(env_state))
-        return obs[0]
+        return obs[0] if obs.shape[-1] in (1, 3) else obs[0][..., -1:]
 
     @partial(jax.jit, static_argnames=("self",))
     def reset(self, key, params=None):
@@ -453,8 +454,9 @@ class RecordEpisode(Wrapper):
         obs, env_state, reward, terminated, truncated, info = self._env.step(
             key, state.env_state, action, params, **kwargs
         )
-        # After env 0's last step the state is the next episode's reset state: not recorded.
-        recording = state.recording & ~(terminated[0] | truncated[0])
+        # After env 0's last step the state is the next episode's reset state: not recorded. The
+        # episode is the one the evaluation scores (`episode_done`: an Atari game, not one of its lives).
+        recording = state.recording & ~info.get("episode_done", terminated | truncated)[0]
         keep = recording & (state.length < self.max_frames)
         entry = self.source(env_state, obs)
         index = jnp.minimum(state.length, self.max_frames - 1)

@@ -226,7 +226,6 @@ def test_args_refuse_what_an_envpool_id_cannot_do():
         (dict(num_seeds=2), r"num_seeds must be 1, got 2: envpool's XLA calls cannot be vmapped"),
         (dict(parallel="data"), r"--parallel data is not supported"),
         (dict(torso="cnn"), r"torso='cnn' is not for Atari frames; accepted: auto, nature"),
-        (dict(capture_video=True), r"--capture-video is not supported for envpool ids yet"),
     ]:
         with pytest.raises(ValueError, match=message):
             dataclasses.replace(cli.preset_args(ppo.Args, "ppo", "tiny-atari"), **overrides)
@@ -234,6 +233,27 @@ def test_args_refuse_what_an_envpool_id_cannot_do():
         ppo.Args(noop_max=0)
     with pytest.raises(ValueError, match=r"torso='nature' needs images of at least 36 x 36 pixels"):
         ppo.make_train(ppo.Args(env_id="Breakout-MinAtar", torso="nature"))
+
+
+@needs_envpool
+def test_a_recorded_episode_is_the_whole_first_game_by_its_newest_frames():
+    """--capture-video on Atari (envs.RecordEpisode): env 0's first game, every
+    life of it (episodic life ends a learner episode at each lost life, the
+    video goes on), one 84 x 84 frame per agent step, the newest of the stack."""
+    fire = lambda obs: jnp.ones(obs.shape[0], jnp.int32)  # the paddle stays: lives go fast
+    env, _ = atari.make("envpool:Breakout-v5", 2, seed=5, max_episode_steps=800)
+    _, _, steps = rollout(env, np.ones((800, 2)))
+    game_end = int(np.flatnonzero(steps["episode_done"][:, 0])[0])
+    assert steps["terminated"][:game_end, 0].sum() >= 1  # lives were lost before the game ended
+    recorded = envs.RecordEpisode(atari.make("envpool:Breakout-v5", 2, seed=5, max_episode_steps=800)[0], 801)
+    returns, recording = jax.jit(lambda key: envs.evaluate_episodes(recorded, None, fire, key, 801))(
+        jax.random.key(0)
+    )
+    assert int(recording.length) == steps["episode_length"][game_end, 0] == game_end + 1
+    assert returns[0] == steps["episode_return"][game_end, 0]
+    frames = np.asarray(recording.frames)
+    assert frames.shape == (801, 84, 84, 1)
+    np.testing.assert_array_equal(frames[1 : game_end + 1, ..., 0], steps["obs"][:game_end, 0, ..., -1])
 
 
 @needs_envpool
