@@ -51,7 +51,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxzoo import checkpoint, cli, envs, layers, logger, parallel, results, runner
+from jaxzoo import checkpoint, cli, envs, layers, logger, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fields
 
 
@@ -1308,7 +1308,21 @@ def train_sebulba(args: Args, run_dir, stop: runner.StopRequest, actor_devices, 
         if eval_returns is None:
             eval_returns = np.asarray(evaluate(state))[None]  # [1 seed, eval_episodes]
         metrics = {name: np.concatenate(values, axis=1) for name, values in learner.history.items()}
-        _write_sebulba_evaluation(args, run_log, eval_returns, metrics, learner.traces, compile_seconds, train_seconds)
+        lags = metrics.get("policy_lag_mean", np.zeros((1, 0)))
+        steps_per_second = metrics.get("steps_per_second", np.zeros((1, 0)))
+        runner.write_evaluation(  # eval.json, summary.json, run_info.json as jaxzoo.runner writes them
+            args,
+            run_log,
+            eval_returns,
+            chunk_traces=learner.traces,
+            compile_seconds=compile_seconds,
+            train_seconds=train_seconds,
+            per_seed=False,
+            note=f", {np.median(steps_per_second):,.0f} env steps/s (median over logged updates), "
+            f"policy lag {lags.mean():.2f} updates on average"
+            if lags.size
+            else "",
+        )
         return SebulbaResult(
             str(run_log.dir), state, metrics, eval_returns, learner.traces, compile_seconds, train_seconds, ledger
         )
@@ -1336,39 +1350,6 @@ def _stop_sebulba(args: Args, run_log, signum: int, state: LearnerState, done: i
         f"{saved}. Resume with:\n  {runner.resume_command(run_log.dir)}"
     )
     raise SystemExit(128 + signum)
-
-
-def _write_sebulba_evaluation(args: Args, run_log, eval_returns, metrics, traces, compile_seconds, train_seconds):
-    """Print the greedy evaluation [1, eval_episodes] with the run's
-    throughput and lag, and write eval.json, summary.json and run_info.json."""
-    if not np.isfinite(eval_returns).all():
-        raise cli.Diverged(
-            f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "
-            f"no eval.json was written (run directory {run_log.dir})"
-        )
-    lags = metrics.get("policy_lag_mean", np.zeros((1, 0)))
-    steps_per_second = metrics.get("steps_per_second", np.zeros((1, 0)))
-    run_log.print(
-        f"greedy evaluation, {args.eval_episodes} episodes x 1 seed(s): {eval_returns.mean():.2f} +- "
-        f"{eval_returns.std():.2f}; training loop {train_seconds:.1f}s"
-        + (
-            f", {np.median(steps_per_second):,.0f} env steps/s (median over logged updates), "
-            f"policy lag {lags.mean():.2f} updates on average"
-            if lags.size
-            else ""
-        )
-    )
-    run_log.write_json(
-        "eval.json",
-        {
-            "returns": eval_returns,
-            "mean": float(eval_returns.mean()),
-            "compile_seconds": compile_seconds,
-            "train_seconds": train_seconds,
-            "chunk_traces": traces,
-        },
-    )
-    results.write_summary(run_log.dir, results.machine_info())  # summary.json, run_info.json (jaxzoo.results)
 
 
 def main_sebulba(args: Args) -> SebulbaResult:

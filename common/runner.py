@@ -528,7 +528,23 @@ def _train(
     if loop.stop_signum is not None and loop.dispatched < num_updates:
         _exit_stopped(args, run_log, loop.stop_signum, loop.dispatched, loop.last_checkpoint, num_updates)
     eval_returns = loop.final_evaluation(state, seeds)
-    _write_evaluation(args, run_log, eval_returns, loop.history, trace_count(), compile_seconds, train_seconds)
+    history = loop.history
+    # MPO's skip-and-count policy: `skipped_updates` is each seed's running count.
+    skipped = (
+        {"skipped_updates": int(history["skipped_updates"][-1][:, -1].sum())} if "skipped_updates" in history else {}
+    )
+    write_evaluation(
+        args,
+        run_log,
+        eval_returns,
+        chunk_traces=trace_count(),
+        compile_seconds=compile_seconds,
+        train_seconds=train_seconds,
+        extra=skipped,
+        note=f"; learner steps skipped for non-finite batches, all seeds: {skipped['skipped_updates']}"
+        if skipped
+        else "",
+    )
     stacked = {k: np.concatenate(v, axis=1) for k, v in loop.history.items()}
     return RunResult(str(run_log.dir), state, stacked, eval_returns, trace_count(), compile_seconds, train_seconds)
 
@@ -735,19 +751,14 @@ class _ChunkLoop:
 
     def final_evaluation(self, state, seeds: np.ndarray) -> np.ndarray:
         """The final state's evaluation [num_seeds, eval_episodes] (run by the
-        loop, or now), once its videos (if any) are written; non-finite returns
-        raise `cli.Diverged`."""
+        loop, or now), once its videos (if any) are written (`write_evaluation`
+        then refuses non-finite returns)."""
         eval_returns = self.eval_returns
         if eval_returns is None:
             self.start_eval_compile()  # a no-op unless resumed at the end (no chunk ran)
             eval_returns = parallel.to_host(self.split_video(self.compiled_eval.result()(state, seeds), seeds))
         for written in self.videos:
             written.result()  # raises what the writer raised
-        if not np.isfinite(eval_returns).all():
-            raise cli.Diverged(
-                f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "
-                f"no eval.json was written (run directory {self.run_log.dir})"
-            )
         return eval_returns
 
 
@@ -761,24 +772,37 @@ def _exit_stopped(args, run_log, signum: int, updates_done: int, last_checkpoint
     raise SystemExit(128 + signum)
 
 
-def _write_evaluation(
-    args, run_log, eval_returns: np.ndarray, history: dict, chunk_traces: int, compile_seconds, train_seconds
-):
-    """Print the final evaluation [num_seeds, eval_episodes] and write eval.json."""
-    # MPO's skip-and-count policy: `skipped_updates` is each seed's running count.
-    summary = (
-        {"skipped_updates": int(history["skipped_updates"][-1][:, -1].sum())} if "skipped_updates" in history else {}
-    )
+def write_evaluation(
+    args,
+    run_log,
+    eval_returns: np.ndarray,
+    *,
+    chunk_traces: int,
+    compile_seconds: float,
+    train_seconds: float,
+    extra: dict | None = None,
+    per_seed: bool = True,
+    note: str = "",
+) -> None:
+    """The end of every run, shared by `run` and loops of their own (IMPALA's
+    --architecture sebulba): refuse a non-finite evaluation with
+    `cli.Diverged` (nothing written), print the greedy evaluation
+    [num_seeds, eval_episodes], write eval.json and, in the process that
+    writes the run directory, summary.json and run_info.json (jaxzoo.results).
+
+    `extra` adds fields to eval.json after the standard ones; the printed line
+    shows each seed's mean unless `per_seed` is False, and ends with `note`."""
+    if not np.isfinite(eval_returns).all():
+        raise cli.Diverged(
+            f"the greedy evaluation returned non-finite returns {eval_returns.tolist()}; "
+            f"no eval.json was written (run directory {run_log.dir})"
+        )
     run_log.print(
         f"greedy evaluation, {args.eval_episodes} episodes x {args.num_seeds} seed(s): "
-        f"{eval_returns.mean():.2f} +- {eval_returns.std():.2f} (per seed: "
-        + ", ".join(f"{r:.1f}" for r in eval_returns.mean(1))
-        + f"); training loop {train_seconds:.1f}s"
-        + (
-            f"; learner steps skipped for non-finite batches, all seeds: {summary['skipped_updates']}"
-            if summary
-            else ""
-        )
+        f"{eval_returns.mean():.2f} +- {eval_returns.std():.2f}"
+        + (" (per seed: " + ", ".join(f"{r:.1f}" for r in eval_returns.mean(1)) + ")" if per_seed else "")
+        + f"; training loop {train_seconds:.1f}s"
+        + note
     )
     run_log.write_json(
         "eval.json",
@@ -788,7 +812,7 @@ def _write_evaluation(
             "compile_seconds": compile_seconds,
             "train_seconds": train_seconds,
             "chunk_traces": chunk_traces,
-            **summary,
+            **(extra or {}),
         },
     )
     if isinstance(run_log, logger.Run):  # the process that writes the run directory
