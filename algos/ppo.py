@@ -16,6 +16,7 @@ the final observation instead of being treated as terminal.
     python algos/ppo.py --preset breakout-minatar --num-seeds 4
     python algos/ppo.py --preset pendulum                 # continuous actions
     python algos/ppo.py --preset atari                    # envpool:Breakout-v5 from pixels (atari extra)
+    python algos/ppo.py --env-id gym:LunarLander-v3       # any gymnasium env, stepped on the host (docs/gym.md)
 
 Details, logged metrics and measured results: docs/ppo.md.
 """
@@ -35,7 +36,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import atari, cli, envs, layers, parallel, runner
+from jaxzoo import atari, cli, envs, host, layers, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fields
 
 
@@ -44,7 +45,7 @@ from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fie
 # --------------------------------------------------------------------------- #
 @dataclass(frozen=True)
 class Args:
-    """PPO (Schulman et al. 2017) on a gymnax environment or an envpool Atari game, jitted end to end."""
+    """PPO (Schulman et al. 2017) on a gymnax environment, an envpool Atari game or a gymnasium env, jitted end to end."""
 
     exp_name: str = "ppo"
     """name of the experiment: part of the run directory and the plot label"""
@@ -53,7 +54,7 @@ class Args:
     num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "CartPole-v1"
-    """gymnax environment id, or an Atari game stepped by envpool inside jit, 'envpool:<Game>-v5' (needs the `atari` extra; one seed per process; docs/ppo.md, Atari)"""
+    """gymnax environment id; an Atari game stepped by envpool inside jit, 'envpool:<Game>-v5' (needs the `atari` extra; one seed per process; docs/ppo.md, Atari); or any gymnasium id, 'gym:<id>', stepped on the host (one seed per process; docs/gym.md)"""
     total_timesteps: Annotated[int, AtLeastOne] = 500_000
     """environment steps per seed"""
     log_every: Annotated[int, AtLeastOne] = 10
@@ -168,6 +169,8 @@ class Args:
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
         if atari.is_envpool(self.env_id):
             self.check_envpool()
+        if host.is_gym(self.env_id):
+            self.check_gym()
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"the batch num_envs * num_steps = {self.num_envs} * {self.num_steps} = "
@@ -201,6 +204,17 @@ class Args:
         for bad, message in refused:
             if bad:
                 raise ValueError(f"env_id {self.env_id!r}: {message}")
+
+    def check_gym(self) -> None:
+        """What a gym: id cannot do (common/host.py); the id itself is checked when the env is built."""
+        if self.num_seeds != 1:
+            raise ValueError(
+                f"env_id {self.env_id!r}: num_seeds must be 1, got {self.num_seeds}: a gym: env is stepped on "
+                "the host by an ordered io_callback, which cannot be vmapped over seeds (run each seed as its "
+                "own process with --seed)"
+            )
+        if self.parallel == "data":
+            raise ValueError(f"env_id {self.env_id!r}: --parallel data is not supported: the envs live on the host")
 
     @property
     def batch_size(self) -> int:
@@ -673,8 +687,10 @@ def make_envs(args: Args):
             eval_env = envs.RecordEpisode(eval_env, env.spec.max_episode_steps + 1)
         return env, env_params, eval_env, env.spec, "nature"
     max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
-    probe_env, probe_params = envs.make(args.env_id)
-    probe_spec = envs.spec(probe_env, probe_params)
+    if host.is_gym(args.env_id):  # a gymnasium env stepped on the host from inside jit (common/host.py)
+        probe_spec = host.spec(args.env_id, **max_steps)
+    else:
+        probe_spec = envs.spec(*envs.make(args.env_id))
     image_obs = len(probe_spec.obs_shape) == 3
     torso = args.torso if args.torso != "auto" else ("cnn" if image_obs else "mlp")
     if torso in ("cnn", "nature") and not image_obs:
@@ -698,6 +714,11 @@ def make_envs(args: Args):
     )
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp", **max_steps)
     spec = envs.spec(env, env_params)
+    if args.capture_video and host.is_gym(args.env_id) and not image_obs:
+        raise ValueError(
+            f"--capture-video records the image observations of a host env; {args.env_id} observations have "
+            f"shape {probe_spec.obs_shape}"
+        )
     if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
         eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
     return env, env_params, eval_env, spec, torso

@@ -1,4 +1,5 @@
-"""Environments: `make(env_id)` for the gymnax ids, with the standard wrappers.
+"""Environments: `make(env_id)` for the gymnax ids, with the standard wrappers,
+and for any gymnasium id as 'gym:<id>' (stepped on the host, common/host.py).
 
 Every wrapper keeps the gymnax >= 1.0 step signature
 
@@ -284,18 +285,32 @@ def make(
 ):
     """Build a gymnax env with the standard wrappers; returns `(env, env_params)`.
 
+    env_id: a gymnax id (`ENV_IDS`), or any gymnasium id as 'gym:<id>', which
+        runs on the host from inside jit (common/host.py; env_params is None).
     num_envs: vmapped copies (`None`: one env without a batch axis; the
-        normalisers need a batch and so need `num_envs`).
+        normalisers need a batch and so need `num_envs`, and so do gym: ids).
     max_episode_steps: override the env's time limit (e.g. 200 for CartPole-v0);
         reaching it is a truncation, never a termination.
     """
-    if env_id not in env_ids():
+    from jaxzoo import host  # on first use: host imports this module
+
+    if not host.is_gym(env_id) and env_id not in env_ids():
         hint = " (it downloads a dataset when built)" if env_id in _DOWNLOADS_DATA else did_you_mean(env_id, env_ids())
-        raise ValueError(f"unknown env_id {env_id!r}{hint}; valid ids: {', '.join(env_ids())}")
+        raise ValueError(
+            f"unknown env_id {env_id!r}{hint}{gymnasium_hint(env_id)}; valid ids: {', '.join(env_ids())}, "
+            f"or any gymnasium id as '{host.PREFIX}<id>' (stepped on the host)"
+        )
     if (normalize_obs or normalize_reward) and num_envs is None:
         raise ValueError("observation/reward normalisation works on a batch: pass num_envs")
     if num_envs is not None and num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    if host.is_gym(env_id):
+        if num_envs is None:
+            raise ValueError(f"{env_id} is stepped on the host, in batches: pass num_envs")
+        env, env_params = host.make(
+            env_id, num_envs, flatten_obs=flatten_obs, max_episode_steps=max_episode_steps, **env_kwargs
+        )
+        return normalized(env, normalize_obs, normalize_reward, gamma), env_params
     import gymnax
 
     env, env_params = gymnax.make(env_id, **env_kwargs)
@@ -311,15 +326,31 @@ def make(
         env = FlattenObservation(env)
     if num_envs is not None:
         env = VecEnv(env, num_envs)
+    return normalized(env, normalize_obs, normalize_reward, gamma), env_params
+
+
+def normalized(env, normalize_obs: bool, normalize_reward: bool, gamma: float):
+    """`env` (batched) under the normalisers `make` was asked for."""
     if normalize_obs:
         env = NormalizeObservation(env)
     if normalize_reward:
         env = NormalizeReward(env, gamma)
-    return env, env_params
+    return env
+
+
+def gymnasium_hint(env_id: str) -> str:
+    """' (a gymnasium id: ...)' when `env_id` is in gymnasium's registry, else ''."""
+    import gymnasium
+
+    return f" (gymnasium's, stepped on the host: 'gym:{env_id}')" if env_id in gymnasium.registry else ""
 
 
 def spec(env, env_params) -> EnvSpec:
     """Observation shape and action space of a (possibly wrapped) env."""
+    from jaxzoo import host
+
+    if isinstance(env.unwrapped, host.HostEnv):
+        return env.unwrapped.spec
     obs_space = env.observation_space(env_params)
     action_space = env.action_space(env_params)
     discrete = isinstance(action_space, _spaces().Discrete)

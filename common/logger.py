@@ -27,7 +27,8 @@ KEY_COLUMNS = ("update", "global_step", "seed_index", "seed")
 
 def new_run_dir(root: str, env_id: str, exp_name: str, seed: int) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    env_id = env_id.replace(":", "-")  # "dmc:cartpole-swingup": no colon in a path (Windows, scp, PYTHONPATH)
+    # "dmc:cartpole-swingup", "gym:ALE/Pong-v5": no colon in a path (Windows, scp, PYTHONPATH), no folder
+    env_id = env_id.replace(":", "-").replace("/", "-")
     path = Path(root) / f"{env_id}__{exp_name}__{seed}__{stamp}"
     suffix = 1
     while path.exists():  # two runs started in the same second
