@@ -74,7 +74,7 @@ PREFIX = "gym:"
 # the command that installs each: this project's extra where it has one.
 EXTRA_COMMANDS = {"box2d": "pip install -e '.[carracing]'"}
 # gymnasium namespaces registered by a package of their own when it is imported.
-NAMESPACE_PACKAGES = {"ALE": ("ale_py", 'pip install ale-py (gymnasium\'s extra: pip install "gymnasium[atari]")')}
+NAMESPACE_PACKAGES = {"ALE": ("ale_py", "pip install -e '.[atari]'")}
 
 
 # --------------------------------------------------------------------------- #
@@ -348,7 +348,13 @@ class GymnasiumEnv(HostEnv):
         time_limit = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
         self.envs = on_host_thread(lambda: [make_gymnasium(env_id, **time_limit, **kwargs) for _ in range(num_envs)])()
         observation_space, action_space = self.envs[0].observation_space, self.envs[0].action_space
-        limit = self.envs[0].spec.max_episode_steps if self.envs[0].spec is not None else None
+        spec = self.envs[0].spec
+        limit = spec.max_episode_steps if spec is not None else None
+        if not limit and spec is not None and isinstance(spec.kwargs.get("frameskip"), int):
+            # ALE's v5 ids end an episode themselves (truncated=True) after
+            # max_num_frames_per_episode frames (108,000 = 30 minutes): steps = frames / frameskip.
+            frames = spec.kwargs.get("max_num_frames_per_episode")
+            limit = -(-frames // spec.kwargs["frameskip"]) if frames else None
         if not limit:
             raise ValueError(
                 f"env_id {env_id!r} has no time limit (its spec's max_episode_steps is None); "

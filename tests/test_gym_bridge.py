@@ -158,7 +158,7 @@ def test_bad_ids_say_what_is_close_and_what_to_install(monkeypatch):
         envs.make("gym:jaxzoo-test/NeedsBox2D-v0", 1)
     monkeypatch.setitem(sys.modules, "ale_py", None)  # import ale_py now raises ImportError
     with pytest.raises(
-        ValueError, match=r"'gym:ALE/Pong-v5' needs ale_py, which is not installed .*pip install ale-py"
+        ValueError, match=r"'gym:ALE/Pong-v5' needs ale_py, which is not installed .*pip install -e '\.\[atari\]'"
     ):
         envs.make("gym:ALE/Pong-v5", 1)
 
@@ -180,7 +180,7 @@ def test_ppo_runs_a_gym_id_end_to_end(tmp_path):
 
 @pytest.mark.skipif(
     importlib.util.find_spec("ale_py") is None,
-    reason="ALE through gymnasium needs ale-py (pip install ale-py), not installed here",
+    reason="ALE through gymnasium needs ale-py (pip install -e '.[atari]'), not installed here",
 )
 def test_ale_pong_steps_on_the_host():
     env, _ = envs.make("gym:ALE/Pong-v5", 2)
