@@ -22,6 +22,7 @@ ends.
     python algos/rainbow.py                         # DQN on CartPole-v1 (= --preset dqn)
     python algos/rainbow.py --preset rainbow        # every component on
     python algos/rainbow.py --preset breakout-minatar --num-seeds 4
+    python algos/rainbow.py --preset atari          # envpool:Breakout-v5 from pixels (atari extra)
 
 Details, logged metrics and measured results: docs/rainbow.md.
 """
@@ -38,7 +39,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import buffers, cli, envs, layers, parallel, runner
+from jaxzoo import atari, buffers, cli, envs, layers, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Positive, check_fields
 
 
@@ -47,7 +48,7 @@ from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Posit
 # --------------------------------------------------------------------------- #
 @dataclass(frozen=True)
 class Args:
-    """Rainbow / DQN family (Hessel et al. 2018) on a gymnax environment, jitted end to end."""
+    """Rainbow / DQN family (Hessel et al. 2018) on a gymnax environment or an envpool Atari game, jitted end to end."""
 
     exp_name: str = "rainbow"
     """name of the experiment: part of the run directory and the plot label"""
@@ -56,7 +57,7 @@ class Args:
     num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "CartPole-v1"
-    """gymnax environment id (discrete actions only)"""
+    """gymnax environment id (discrete actions only), or an Atari game stepped by envpool inside jit, 'envpool:<Game>-v5' (needs the `atari` extra; one seed per process; docs/rainbow.md, Atari)"""
     total_timesteps: Annotated[int, AtLeastOne] = 500_000
     """environment steps per seed"""
     log_every: Annotated[int, AtLeastOne] = 10
@@ -95,6 +96,8 @@ class Args:
     # algorithm-specific
     eval_every: Annotated[int, NonNegative] = 0
     """updates between greedy evaluations during training, logged as eval_return (0: only at the end)"""
+    max_episode_steps: Annotated[int, NonNegative] = 0
+    """time limit of an episode in env steps; 0 keeps the env's own (Atari's is 27,000 agent steps, 108k frames)"""
     num_envs: Annotated[int, AtLeastOne] = 10
     """parallel environments per seed"""
     steps_per_update: Annotated[int, AtLeastOne] = 1000
@@ -157,15 +160,17 @@ class Args:
     """importance-sampling exponent at the end (RLlib keeps beta fixed: per_beta1 = per_beta0)"""
     per_eps: Annotated[float, Positive] = 1e-6
     """added to |TD error| (or the C51 loss) to form a priority"""
-    torso: Literal["auto", "mlp", "cnn"] = "auto"
-    """auto picks the MinAtar cnn for image observations [H, W, C], mlp otherwise"""
+    torso: Literal["auto", "mlp", "cnn", "nature"] = "auto"
+    """network torso: cnn is the MinAtar network, nature the Nature DQN convolutions; auto picks nature for envpool ids, cnn for other image observations [H, W, C], mlp otherwise"""
     hidden_sizes: Annotated[tuple[int, ...], AtLeastOne] = (120, 84)
-    """hidden layer widths (after the convolution for the cnn torso)"""
+    """hidden layer widths (after the convolutions for the cnn and nature torsos; empty: the heads read the torso's features)"""
     activation: Literal["relu", "tanh"] = "relu"
     """hidden-layer activation"""
 
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
+        if atari.is_envpool(self.env_id):
+            self.check_envpool()
         if self.train_frequency % self.num_envs:
             raise ValueError(
                 f"train_frequency={self.train_frequency} must be a multiple of num_envs={self.num_envs} "
@@ -205,6 +210,24 @@ class Args:
                 f"learning_starts={self.learning_starts} is not below {budget}: no gradient step would be "
                 f"taken; accepted: learning_starts < {run_steps}"
             )
+
+    def check_envpool(self) -> None:
+        """What an envpool id cannot do (common/atari.py); the id itself is checked when the env is built."""
+        refused = [
+            (
+                self.num_seeds != 1,
+                f"num_seeds must be 1, got {self.num_seeds}: envpool's XLA calls cannot be vmapped "
+                "over seeds (run each seed as its own process with --seed)",
+            ),
+            (self.parallel == "data", "--parallel data is not supported: the envs live in one envpool pool"),
+            (
+                self.torso not in ("auto", "nature"),
+                f"torso={self.torso!r} is not for Atari frames; accepted: auto, nature",
+            ),
+        ]
+        for bad, message in refused:
+            if bad:
+                raise ValueError(f"env_id {self.env_id!r}: {message}")
 
     @property
     def num_updates(self) -> int:
@@ -285,6 +308,38 @@ class MinAtarConv(nnx.Module):
         return x.reshape(x.shape[:-3] + (-1,))
 
 
+class NatureConv(nnx.Module):
+    """[..., H, W, C] frames (uint8 or float in [0, 255]) -> [..., out_features]:
+    the Nature DQN convolutions (Mnih et al. 2015; Hessel et al. 2018 kept
+    them): 32 8x8 filters stride 4, 64 4x4 stride 2, 64 3x3 stride 1, each + ReLU,
+    no padding (84 -> 20 -> 9 -> 7, so 7 x 7 x 64 = 3136 features). The frames
+    are scaled to [0, 1] here, after cutting the first windows, so replay keeps
+    bytes. Each convolution is patches @ kernel like MinAtarConv (a `lax.conv`
+    kernel gradient inside the training scan was about 40x slower on XLA:CPU,
+    docs/ppo.md, Atari); the kernels are nnx.Linear with this file's default
+    initialisation, as MinAtarConv's."""
+
+    FILTERS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels, kernel size, stride)
+
+    def __init__(self, obs_shape: tuple[int, ...], rngs: nnx.Rngs):
+        height, width, channels = obs_shape
+        kernels = []
+        for out_channels, kernel_size, stride in self.FILTERS:
+            kernels.append(nnx.Linear(kernel_size * kernel_size * channels, out_channels, rngs=rngs))
+            height, width = (height - kernel_size) // stride + 1, (width - kernel_size) // stride + 1
+            channels = out_channels
+        self.kernels = nnx.List(kernels)
+        self.out_features = height * width * channels
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for layer, (kernel, (_, kernel_size, stride)) in enumerate(zip(self.kernels, self.FILTERS)):
+            windows = layers.patches(x, kernel_size, stride)  # [..., out_h, out_w, k*k*C]
+            if layer == 0:  # bytes -> [0, 1] (the patches of a uint8 frame stay uint8: 4x less to copy)
+                windows = windows.astype(jnp.float32) / 255.0
+            x = jax.nn.relu(kernel(windows))
+        return x.reshape(x.shape[:-3] + (-1,))
+
+
 def dueling_aggregate(value: jax.Array, advantage: jax.Array) -> jax.Array:
     """Q = V + A - mean_a A (Wang et al. 2016, eq. 9), per atom:
     value [..., 1, atoms], advantage [..., A, atoms] -> [..., A, atoms]."""
@@ -295,19 +350,25 @@ class QNetwork(nnx.Module):
     """obs [..., *obs_shape] -> out [..., A, atoms]: Q-values (atoms = 1) or
     logits of the return distribution over the support (atoms > 1).
 
-    Torso: the MinAtar conv for images, then `hidden_sizes` layers; every linear
-    layer after the conv is noisy when `noisy` (Hessel et al. 2018). `key`
-    draws the noise (one key per layer); `None` uses the mean weights.
+    Torso: the MinAtar conv (`cnn`) or the Nature DQN convolutions (`nature`,
+    Atari) for images, then `hidden_sizes` layers; every linear layer after the
+    convolutions is noisy when `noisy` (Hessel et al. 2018). `key` draws the
+    noise (one key per layer); `None` uses the mean weights.
     """
 
     def __init__(self, spec: envs.EnvSpec, args: Args, torso: str, rngs: nnx.Rngs):
         layer = NoisyLinear if args.noisy else Linear
-        self.conv = MinAtarConv(spec.obs_shape[-1], rngs) if torso == "cnn" else None
+        conv: MinAtarConv | NatureConv | None = None
         if torso == "cnn":
+            conv = MinAtarConv(spec.obs_shape[-1], rngs)
             height, width, _ = spec.obs_shape
             features = (height - 2) * (width - 2) * 16
+        elif torso == "nature":
+            conv = NatureConv(spec.obs_shape, rngs)
+            features = conv.out_features
         else:
             features = int(np.prod(spec.obs_shape))
+        self.conv = conv
         sizes = (features, *args.hidden_sizes)
         self.hidden = nnx.List([layer(a, b, rngs, sigma0=args.sigma0) for a, b in zip(sizes[:-1], sizes[1:])])
         self.advantage = layer(sizes[-1], spec.num_actions * args.num_atoms, rngs, sigma0=args.sigma0)
@@ -609,7 +670,20 @@ def update_target(target: nnx.State, online: nnx.State, tau: jax.Array, due: jax
     return jax.tree.map(lambda t, p: jnp.where(due, tau * p + (1.0 - tau) * t, t), target, online)
 
 
-def make_train(args: Args) -> Rainbow:
+def make_envs(args: Args):
+    """(env, env_params, eval_env, spec, torso): the training envs (num_envs),
+    the greedy evaluation's (eval_episodes) and the torso for their observations."""
+    if atari.is_envpool(args.env_id):
+        # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py): frame skip 4,
+        # 4 stacked 84x84 grayscale frames (uint8), up to 30 no-ops, episodic life, FIRE reset,
+        # rewards clipped to their sign; the logged episode is the whole game, unclipped.
+        max_steps = args.max_episode_steps or atari.MAX_EPISODE_STEPS
+        env, env_params = atari.make(args.env_id, args.num_envs, seed=args.seed, max_episode_steps=max_steps)
+        eval_env, _ = atari.make(args.env_id, args.eval_episodes, seed=args.seed, role=1, max_episode_steps=max_steps)
+        if args.capture_video:  # the newest frame at each step of env 0's first game (jaxzoo.video)
+            eval_env = envs.RecordEpisode(eval_env, env.spec.max_episode_steps + 1)
+        return env, env_params, eval_env, env.spec, "nature"
+    max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
     probe_spec = envs.spec(*envs.make(args.env_id))
     if not probe_spec.discrete:
         raise ValueError(
@@ -618,12 +692,24 @@ def make_train(args: Args) -> Rainbow:
         )
     image_obs = len(probe_spec.obs_shape) == 3
     torso = args.torso if args.torso != "auto" else ("cnn" if image_obs else "mlp")
-    if torso == "cnn" and not image_obs:
-        raise ValueError(f"torso='cnn' needs image observations [H, W, C]; {args.env_id} has {probe_spec.obs_shape}")
-    env, env_params = envs.make(args.env_id, args.num_envs, flatten_obs=torso == "mlp")
-    eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp")
+    if torso in ("cnn", "nature") and not image_obs:
+        raise ValueError(
+            f"torso={torso!r} needs image observations [H, W, C]; {args.env_id} has {probe_spec.obs_shape}"
+        )
+    if torso == "nature" and min(probe_spec.obs_shape[:2]) < 36:
+        raise ValueError(
+            f"torso='nature' needs images of at least 36 x 36 pixels; {args.env_id} observations have shape "
+            f"{probe_spec.obs_shape} (MinAtar's 10 x 10: torso='cnn')"
+        )
+    env, env_params = envs.make(args.env_id, args.num_envs, flatten_obs=torso == "mlp", **max_steps)
+    eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp", **max_steps)
     spec = envs.spec(env, env_params)  # --capture-video: record each seed's first evaluation episode (jaxzoo.video)
     eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1) if args.capture_video else eval_env
+    return env, env_params, eval_env, spec, torso
+
+
+def make_train(args: Args) -> Rainbow:
+    env, env_params, eval_env, spec, torso = make_envs(args)
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: QNetwork(spec, args, torso, nnx.Rngs(0))))
     support = jnp.linspace(args.v_min, args.v_max, args.num_atoms)
     vector_steps = args.train_frequency // args.num_envs
@@ -735,6 +821,9 @@ def make_train(args: Args) -> Rainbow:
             "gradient_steps": state.gradient_steps.astype(jnp.float32),
             "buffer_size": (state.buffer.size * args.num_envs).astype(jnp.float32),
         }
+        if atari.is_envpool(args.env_id):
+            # An Atari "episode" is the whole game: the unclipped score over all its lives (common/atari.py, 5).
+            metrics["game_score"], metrics["game_length"] = metrics["episode_return"], metrics["episode_length"]
         if args.noisy:  # how much the learned noise still explores (it replaces epsilon)
             metrics["noise_scale"] = nnx.merge(graphdef, state.params).noise_scale()
             # Fraction of 16 noise draws x num_envs current observations whose noisy greedy

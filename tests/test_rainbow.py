@@ -16,7 +16,9 @@ from jaxzoo.algos import rainbow
 TABLES = tomllib.loads((ROOT / "configs" / "rainbow.toml").read_text())
 # Presets that only change the game of another preset are covered by that preset.
 GAME_ONLY = [p for p, t in TABLES.items() if "extends" in t and set(t) <= {"extends", "env_id", "exp_name"}]
-PRESETS = [p for p in TABLES if p != "tiny" and p not in GAME_ONLY]
+# Atari presets (envpool ids) need the atari extra: tests/test_rainbow_atari.py covers them.
+ATARI = [p for p in TABLES if cli.preset_args(rainbow.Args, "rainbow", p).env_id.startswith("envpool:")]
+PRESETS = [p for p in TABLES if p != "tiny" and p not in GAME_ONLY and p not in ATARI]
 
 
 def tiny(tmp_path, **overrides) -> rainbow.Args:

@@ -1,0 +1,91 @@
+"""algos/rainbow.py on Atari frames (envpool, common/atari.py): the Nature CNN
+under Rainbow's heads, the atari presets' networks, and tiny-atari through the
+CLI (game score logged, frames replayed as bytes)."""
+
+import dataclasses
+import importlib.util
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import run_copied_script
+from flax import nnx
+
+from jaxzoo import checkpoint, cli, envs, logger
+from jaxzoo.algos import rainbow
+
+needs_envpool = pytest.mark.skipif(
+    importlib.util.find_spec("envpool") is None, reason='envpool is not installed (pip install -e ".[atari]")'
+)
+
+BREAKOUT = envs.EnvSpec((84, 84, 4), True, 4, None, None, 27_000)  # atari.spec("envpool:Breakout-v5")
+
+
+def noisy_linear(fan_in: int, fan_out: int) -> int:
+    """Parameters of a NoisyLinear layer: mu and sigma for the weights and the biases."""
+    return 2 * (fan_in * fan_out + fan_out)
+
+
+def q_network_parameter_count(hidden: int | None, num_actions: int, num_atoms: int) -> int:
+    """The Nature convolutions (4 -> 32 8x8, 32 -> 64 4x4, 64 -> 64 3x3, no padding:
+    84 -> 20 -> 9 -> 7, so 7 x 7 x 64 = 3136 features), then `hidden` noisy units
+    (or none), then the noisy dueling heads: advantage A x atoms, value atoms."""
+    convs = (8 * 8 * 4 * 32 + 32) + (4 * 4 * 32 * 64 + 64) + (3 * 3 * 64 * 64 + 64)
+    features = 7 * 7 * 64
+    dense = noisy_linear(features, hidden) if hidden else 0
+    width = hidden or features
+    return convs + dense + noisy_linear(width, num_actions * num_atoms) + noisy_linear(width, num_atoms)
+
+
+@pytest.mark.parametrize("preset, hidden, total", [("atari", 512, 3_551_902), ("rllib-breakout", None, 1_677_854)])
+def test_nature_q_network_output_shape_and_parameter_count(preset, hidden, total):
+    args = cli.preset_args(rainbow.Args, "rainbow", preset)
+    assert args.noisy and args.dueling and args.num_atoms == 51
+    build = lambda: rainbow.QNetwork(BREAKOUT, args, "nature", nnx.Rngs(0))
+    graphdef, params = nnx.split(nnx.eval_shape(build))  # shapes only: no weights computed
+    count = sum(x.size for x in jax.tree.leaves(params))
+    assert count == q_network_parameter_count(hidden, 4, 51) == total
+    forward = lambda params, obs, key: nnx.merge(graphdef, params)(obs, key)
+    frames = jax.random.randint(jax.random.key(0), (3, 84, 84, 4), 0, 256).astype(jnp.uint8)
+    assert jax.eval_shape(forward, params, frames, jax.random.key(1)).shape == (3, 4, 51)  # [B, A, atoms]
+    if hidden is None:  # computed once, on the smaller network
+        params = nnx.split(build())[1]
+        # Frames are scaled by 1/255 inside: bytes and their float copy give the same logits.
+        mean_net = jax.jit(lambda params, obs: forward(params, obs, None))
+        np.testing.assert_allclose(mean_net(params, frames.astype(jnp.float32)), mean_net(params, frames), rtol=1e-5)
+
+
+def test_args_refuse_what_an_envpool_id_cannot_do():
+    for overrides, message in [
+        (dict(num_seeds=2), r"num_seeds must be 1, got 2: envpool's XLA calls cannot be vmapped"),
+        (dict(parallel="data"), r"--parallel data is not supported"),
+        (dict(torso="cnn"), r"torso='cnn' is not for Atari frames; accepted: auto, nature"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            dataclasses.replace(cli.preset_args(rainbow.Args, "rainbow", "tiny-atari"), **overrides)
+
+
+@needs_envpool
+def test_tiny_atari_runs_through_the_cli_logs_the_game_score_and_replays_bytes(tmp_path):
+    out = run_copied_script("rainbow", ["--preset", "tiny-atari", "--run-root", str(tmp_path)])
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = tmp_path.iterdir()
+    args = json.loads((run_dir / "args.json").read_text())
+    metrics = logger.read_metrics(run_dir)
+    assert np.isfinite(metrics["loss"][-1])
+    # The whole game's unclipped score, under names that say so (and as episode_return, which the tools read).
+    np.testing.assert_array_equal(metrics["game_score"], metrics["episode_return"])
+    np.testing.assert_array_equal(metrics["game_length"], metrics["episode_length"])
+    ended = np.isfinite(metrics["game_score"])
+    assert ended.any() and (metrics["game_length"][ended] == args["max_episode_steps"]).all()  # the time limit
+    evaluation = json.loads((run_dir / "eval.json").read_text())
+    assert len(evaluation["returns"][0]) == args["eval_episodes"] and evaluation["chunk_traces"] == 1
+    # Replay holds the frames as bytes [seeds, rows, num_envs, 84, 84, 4]: real screens, not zeros.
+    saved = np.load(checkpoint.list_checkpoints(run_dir)[-1])
+    rows = args["buffer_size"] // args["num_envs"]
+    for name in (".buffer.data.obs", ".buffer.data.final_obs"):
+        frames = saved[name]
+        assert frames.dtype == np.uint8 and frames.shape == (1, rows, args["num_envs"], 84, 84, 4), name
+        assert 0 < frames.mean() < 255, name
