@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every Rainbow / DQN-family number and curve in docs/rainbow.md comes from this script.
-#   bash benchmarks/rainbow.sh [cartpole|tuning|ablation|minatar|timing|all]
+#   bash benchmarks/rainbow.sh [cartpole|tuning|ablation|minatar|timing|atari|all]
 #   PRESETS="noisy rllib-rainbow" bash benchmarks/rainbow.sh cartpole   # a subset of the presets
 # Runs go to benchmarks/out/rainbow/, curves to docs/img/, and
 #   python benchmarks/summarize.py benchmarks/out/rainbow/<group>/*
@@ -71,6 +71,14 @@ if [[ $what == minatar || $what == all ]]; then
   run minatar breakout --preset breakout-minatar
   $PY -m jaxzoo.plot $OUT/minatar/breakout/* --out docs/img/rainbow_breakout_minatar.png \
     --title "Rainbow on Breakout-MinAtar, $SEEDS seeds"
+fi
+if [[ $what == atari ]]; then  # docs/rainbow.md, Atari: throughput of the atari preset (envpool: one seed per process)
+  # ATARI_STEPS env steps (default 40k: the preset's 20k acting-only steps, then 20k with learning), no checkpoints.
+  rm -rf "$OUT/atari/throughput"
+  uptime
+  /usr/bin/time -v $PY algos/rainbow.py --preset atari --total-timesteps "${ATARI_STEPS:-40000}" --no-save-model \
+    --run-root "$OUT/atari/throughput"
+  uptime
 fi
 if [[ $what == timing || $what == all ]]; then
   : "${PUREJAXRL_DQN:?set PUREJAXRL_DQN to the command that runs the PureJaxRL dqn.py; it gets the seed count appended}"
