@@ -164,8 +164,23 @@ class Args:
     """network torso: cnn is the MinAtar network, nature the Nature DQN convolutions; auto picks nature for envpool ids, cnn for other image observations [H, W, C], mlp otherwise"""
     hidden_sizes: Annotated[tuple[int, ...], AtLeastOne] = (120, 84)
     """hidden layer widths (after the convolutions for the cnn and nature torsos; empty: the heads read the torso's features)"""
+    conv_padding: Literal["valid", "same"] = "valid"
+    """padding of the nature torso's convolutions: valid (Nature DQN, CleanRL) or same (RLlib's CNN encoder, out = ceil(in / stride))"""
     activation: Literal["relu", "tanh"] = "relu"
     """hidden-layer activation"""
+    # Atari preprocessing (DeepMind's, done by envpool; envpool ids only; common/atari.py)
+    frame_skip: Annotated[int, AtLeastOne] = 4
+    """Atari: emulator frames per agent step, the action repeated (the last two frames max-pooled)"""
+    frame_stack: Annotated[int, AtLeastOne] = 4
+    """Atari: frames stacked on the channel axis of an observation"""
+    noop_max: Annotated[int, AtLeastOne] = 30
+    """Atari: up to this many no-op frames at every reset, drawn uniformly (1: no random no-op starts)"""
+    episodic_life: bool = True
+    """Atari: a lost life is `terminated` for the learner (the logged score stays the whole game's)"""
+    fire_reset: bool = True
+    """Atari: press FIRE after every reset in games that need it to start"""
+    reward_clip: bool = True
+    """Atari: the learner sees the sign of each reward (the logged score is unclipped)"""
 
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
@@ -308,11 +323,20 @@ class MinAtarConv(nnx.Module):
         return x.reshape(x.shape[:-3] + (-1,))
 
 
+def same_padding(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
+    """Zero padding (before, after) that makes a convolution's output
+    ceil(size / stride) long, as RLlib's `same_padding` (the extra pixel after)."""
+    total = max((-(-size // stride) - 1) * stride + kernel_size - size, 0)
+    return total // 2, total - total // 2
+
+
 class NatureConv(nnx.Module):
     """[..., H, W, C] frames (uint8 or float in [0, 255]) -> [..., out_features]:
     the Nature DQN convolutions (Mnih et al. 2015; Hessel et al. 2018 kept
-    them): 32 8x8 filters stride 4, 64 4x4 stride 2, 64 3x3 stride 1, each + ReLU,
-    no padding (84 -> 20 -> 9 -> 7, so 7 x 7 x 64 = 3136 features). The frames
+    them): 32 8x8 filters stride 4, 64 4x4 stride 2, 64 3x3 stride 1, each + ReLU.
+    `padding` "valid" is the Nature network's (84 -> 20 -> 9 -> 7, so 7 x 7 x 64
+    = 3136 features); "same" is RLlib's CNN encoder's (zeros around each input,
+    84 -> 21 -> 11 -> 11, so 11 x 11 x 64 = 7744 features). The frames
     are scaled to [0, 1] here, after cutting the first windows, so replay keeps
     bytes. Each convolution is patches @ kernel like MinAtarConv (a `lax.conv`
     kernel gradient inside the training scan was about 40x slower on XLA:CPU,
@@ -321,18 +345,29 @@ class NatureConv(nnx.Module):
 
     FILTERS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels, kernel size, stride)
 
-    def __init__(self, obs_shape: tuple[int, ...], rngs: nnx.Rngs):
+    def __init__(self, obs_shape: tuple[int, ...], padding: str, rngs: nnx.Rngs):
         height, width, channels = obs_shape
-        kernels = []
+        pads, kernels = [], []
         for out_channels, kernel_size, stride in self.FILTERS:
+            pad_h, pad_w = (
+                (same_padding(height, kernel_size, stride), same_padding(width, kernel_size, stride))
+                if padding == "same"
+                else ((0, 0), (0, 0))
+            )
+            pads.append((pad_h, pad_w))
             kernels.append(nnx.Linear(kernel_size * kernel_size * channels, out_channels, rngs=rngs))
-            height, width = (height - kernel_size) // stride + 1, (width - kernel_size) // stride + 1
+            height = (height + sum(pad_h) - kernel_size) // stride + 1
+            width = (width + sum(pad_w) - kernel_size) // stride + 1
             channels = out_channels
         self.kernels = nnx.List(kernels)
+        self.pads = tuple(pads)  # static: ((top, bottom), (left, right)) per convolution
         self.out_features = height * width * channels
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        for layer, (kernel, (_, kernel_size, stride)) in enumerate(zip(self.kernels, self.FILTERS)):
+        for layer, (kernel, (pad_h, pad_w), (_, kernel_size, stride)) in enumerate(
+            zip(self.kernels, self.pads, self.FILTERS)
+        ):
+            x = jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [pad_h, pad_w, (0, 0)])
             windows = layers.patches(x, kernel_size, stride)  # [..., out_h, out_w, k*k*C]
             if layer == 0:  # bytes -> [0, 1] (the patches of a uint8 frame stay uint8: 4x less to copy)
                 windows = windows.astype(jnp.float32) / 255.0
@@ -351,7 +386,7 @@ class QNetwork(nnx.Module):
     logits of the return distribution over the support (atoms > 1).
 
     Torso: the MinAtar conv (`cnn`) or the Nature DQN convolutions (`nature`,
-    Atari) for images, then `hidden_sizes` layers; every linear layer after the
+    Atari; padded as `conv_padding` says) for images, then `hidden_sizes` layers; every linear layer after the
     convolutions is noisy when `noisy` (Hessel et al. 2018). `key` draws the
     noise (one key per layer); `None` uses the mean weights.
     """
@@ -364,7 +399,7 @@ class QNetwork(nnx.Module):
             height, width, _ = spec.obs_shape
             features = (height - 2) * (width - 2) * 16
         elif torso == "nature":
-            conv = NatureConv(spec.obs_shape, rngs)
+            conv = NatureConv(spec.obs_shape, args.conv_padding, rngs)
             features = conv.out_features
         else:
             features = int(np.prod(spec.obs_shape))
@@ -674,12 +709,19 @@ def make_envs(args: Args):
     """(env, env_params, eval_env, spec, torso): the training envs (num_envs),
     the greedy evaluation's (eval_episodes) and the torso for their observations."""
     if atari.is_envpool(args.env_id):
-        # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py): frame skip 4,
-        # 4 stacked 84x84 grayscale frames (uint8), up to 30 no-ops, episodic life, FIRE reset,
-        # rewards clipped to their sign; the logged episode is the whole game, unclipped.
-        max_steps = args.max_episode_steps or atari.MAX_EPISODE_STEPS
-        env, env_params = atari.make(args.env_id, args.num_envs, seed=args.seed, max_episode_steps=max_steps)
-        eval_env, _ = atari.make(args.env_id, args.eval_episodes, seed=args.seed, role=1, max_episode_steps=max_steps)
+        # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py), 84x84 grayscale
+        # frames as uint8; the logged episode is the whole game, unclipped.
+        preprocessing = dict(
+            frame_skip=args.frame_skip,
+            frame_stack=args.frame_stack,
+            noop_max=args.noop_max,
+            episodic_life=args.episodic_life,
+            fire_reset=args.fire_reset,
+            reward_clip=args.reward_clip,
+            max_episode_steps=args.max_episode_steps or atari.MAX_EPISODE_STEPS,
+        )
+        env, env_params = atari.make(args.env_id, args.num_envs, seed=args.seed, **preprocessing)
+        eval_env, _ = atari.make(args.env_id, args.eval_episodes, seed=args.seed, role=1, **preprocessing)
         if args.capture_video:  # the newest frame at each step of env 0's first game (jaxzoo.video)
             eval_env = envs.RecordEpisode(eval_env, env.spec.max_episode_steps + 1)
         return env, env_params, eval_env, env.spec, "nature"

@@ -1,9 +1,11 @@
 """algos/rainbow.py on Atari frames (envpool, common/atari.py): the Nature CNN
-under Rainbow's heads, the atari presets' networks, and tiny-atari through the
-CLI (game score logged, frames replayed as bytes)."""
+under Rainbow's heads (valid or "same" padding), the atari presets' networks,
+the preprocessing flags reaching common/atari.py as ppo.py's do, and tiny-atari
+through the CLI (game score logged, frames replayed as bytes)."""
 
 import dataclasses
 import importlib.util
+import inspect
 import json
 
 import jax
@@ -13,8 +15,8 @@ import pytest
 from conftest import run_copied_script
 from flax import nnx
 
-from jaxzoo import checkpoint, cli, envs, logger
-from jaxzoo.algos import rainbow
+from jaxzoo import atari, checkpoint, cli, envs, logger
+from jaxzoo.algos import ppo, rainbow
 
 needs_envpool = pytest.mark.skipif(
     importlib.util.find_spec("envpool") is None, reason='envpool is not installed (pip install -e ".[atari]")'
@@ -28,33 +30,96 @@ def noisy_linear(fan_in: int, fan_out: int) -> int:
     return 2 * (fan_in * fan_out + fan_out)
 
 
-def q_network_parameter_count(hidden: int | None, num_actions: int, num_atoms: int) -> int:
-    """The Nature convolutions (4 -> 32 8x8, 32 -> 64 4x4, 64 -> 64 3x3, no padding:
-    84 -> 20 -> 9 -> 7, so 7 x 7 x 64 = 3136 features), then `hidden` noisy units
-    (or none), then the noisy dueling heads: advantage A x atoms, value atoms."""
+def q_network_parameter_count(padding: str, hidden: int | None, num_actions: int, num_atoms: int) -> int:
+    """The Nature convolutions (4 -> 32 8x8, 32 -> 64 4x4, 64 -> 64 3x3; valid:
+    84 -> 20 -> 9 -> 7, so 7 x 7 x 64 = 3136 features; same: 84 -> 21 -> 11 -> 11,
+    so 11 x 11 x 64 = 7744), then `hidden` noisy units (or none), then the noisy
+    dueling heads: advantage A x atoms, value atoms."""
     convs = (8 * 8 * 4 * 32 + 32) + (4 * 4 * 32 * 64 + 64) + (3 * 3 * 64 * 64 + 64)
-    features = 7 * 7 * 64
+    features = {"valid": 7 * 7 * 64, "same": 11 * 11 * 64}[padding]
     dense = noisy_linear(features, hidden) if hidden else 0
     width = hidden or features
     return convs + dense + noisy_linear(width, num_actions * num_atoms) + noisy_linear(width, num_atoms)
 
 
-@pytest.mark.parametrize("preset, hidden, total", [("atari", 512, 3_551_902), ("rllib-breakout", None, 1_677_854)])
-def test_nature_q_network_output_shape_and_parameter_count(preset, hidden, total):
+@pytest.mark.parametrize(
+    "preset, padding, hidden, total", [("atari", "valid", 512, 3_551_902), ("rllib-breakout", "same", None, 4_027_934)]
+)
+def test_nature_q_network_output_shape_and_parameter_count(preset, padding, hidden, total):
     args = cli.preset_args(rainbow.Args, "rainbow", preset)
-    assert args.noisy and args.dueling and args.num_atoms == 51
+    assert args.noisy and args.dueling and args.num_atoms == 51 and args.conv_padding == padding
     build = lambda: rainbow.QNetwork(BREAKOUT, args, "nature", nnx.Rngs(0))
     graphdef, params = nnx.split(nnx.eval_shape(build))  # shapes only: no weights computed
     count = sum(x.size for x in jax.tree.leaves(params))
-    assert count == q_network_parameter_count(hidden, 4, 51) == total
+    assert count == q_network_parameter_count(padding, hidden, 4, 51) == total
     forward = lambda params, obs, key: nnx.merge(graphdef, params)(obs, key)
     frames = jax.random.randint(jax.random.key(0), (3, 84, 84, 4), 0, 256).astype(jnp.uint8)
     assert jax.eval_shape(forward, params, frames, jax.random.key(1)).shape == (3, 4, 51)  # [B, A, atoms]
-    if hidden is None:  # computed once, on the smaller network
+    if hidden is None:  # computed once, on the network without a dense layer
         params = nnx.split(build())[1]
         # Frames are scaled by 1/255 inside: bytes and their float copy give the same logits.
         mean_net = jax.jit(lambda params, obs: forward(params, obs, None))
         np.testing.assert_allclose(mean_net(params, frames.astype(jnp.float32)), mean_net(params, frames), rtol=1e-5)
+
+
+def test_same_padding_is_ppos_copy():
+    """One form of RLlib's "same" padding (docs/glossary.md): the same text as ppo.py's."""
+    assert inspect.getsource(rainbow.same_padding) == inspect.getsource(ppo.same_padding)
+
+
+@pytest.mark.parametrize("padding", ["valid", "same"])
+def test_nature_conv_is_the_convolution_with_that_padding(padding):
+    """patches @ kernel with rainbow's padding equals lax.conv with VALID / SAME padding
+    (XLA's SAME pads as RLlib: total max((ceil(in / s) - 1) s + k - in, 0), the extra pixel after)."""
+    conv = rainbow.NatureConv((84, 84, 4), padding, nnx.Rngs(0))
+    frames = jax.random.randint(jax.random.key(2), (2, 84, 84, 4), 0, 256).astype(jnp.uint8)
+    expected = frames.astype(jnp.float32) / 255.0
+    for kernel, (channels, kernel_size, stride) in zip(conv.kernels, rainbow.NatureConv.FILTERS):
+        weights = kernel.kernel[...].reshape(kernel_size, kernel_size, -1, channels)  # HWIO
+        expected = jax.nn.relu(
+            jax.lax.conv_general_dilated(
+                expected,
+                weights,
+                (stride, stride),
+                padding.upper(),
+                dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                precision=jax.lax.Precision.HIGHEST,
+            )
+            + kernel.bias[...]
+        )
+    side = {"valid": 7, "same": 11}[padding]
+    assert expected.shape == (2, side, side, 64) and conv.out_features == side * side * 64
+    np.testing.assert_allclose(jax.jit(conv)(frames), expected.reshape(2, -1), rtol=1e-4, atol=1e-5)
+
+
+def test_preprocessing_flags_reach_common_atari_as_ppos_do(monkeypatch):
+    """Both files hand common/atari.py the same preprocessing for the same flags (ppo.py
+    also passes image_size and grayscale, which rainbow.py leaves at atari.make's 84, True)."""
+    flags = dict(
+        frame_skip=2,
+        frame_stack=3,
+        noop_max=1,
+        episodic_life=False,
+        fire_reset=False,
+        reward_clip=False,
+        max_episode_steps=50,
+    )
+    calls: dict[str, list[dict]] = {"ppo": [], "rainbow": []}
+    for name, module in (("ppo", ppo), ("rainbow", rainbow)):
+
+        def fake_make(env_id, num_envs, *, seed, role=0, **preprocessing):
+            calls[name].append(dict(env_id=env_id, num_envs=num_envs, seed=seed, role=role, **preprocessing))
+            return type("Env", (), {"spec": BREAKOUT})(), None
+
+        monkeypatch.setattr(atari, "make", fake_make)
+        args = dataclasses.replace(cli.preset_args(module.Args, name, "tiny-atari"), **flags)
+        *_, torso = module.make_envs(args)
+        assert torso == "nature"
+    assert len(calls["rainbow"]) == 2  # training and evaluation pools
+    for ppo_call, rainbow_call in zip(calls["ppo"], calls["rainbow"], strict=True):
+        ppo_call = {k: v for k, v in ppo_call.items() if k not in ("image_size", "grayscale")}
+        assert rainbow_call == {**ppo_call, "num_envs": rainbow_call["num_envs"]}
+        assert {k: rainbow_call[k] for k in flags} == flags
 
 
 def test_args_refuse_what_an_envpool_id_cannot_do():
