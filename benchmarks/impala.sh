@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every IMPALA / APPO number and curve in docs/impala.md comes from this script.
-#   bash benchmarks/impala.sh [cartpole|appo|rllib|lag|sebulba|all]
+#   bash benchmarks/impala.sh [cartpole|appo|rllib|lag|sebulba|breakout-minatar|all]
+# SEEDS (default 2) sets the seed count of the breakout-minatar runs.
 # Runs go to benchmarks/out/impala/<part>/, curves to docs/img/, and
 # benchmarks/summarize.py prints the results table from the run directories.
 set -euo pipefail
@@ -91,5 +92,52 @@ for layout, where in layouts:
         print(f"| {where} | {threads if layout != 'anakin' else '—'} | {np.median(speed):,.0f} | "
               f"{', '.join(f'{s:,.0f}' for s in speed)} | {sebulba} |")
 SUMMARY
+fi
+# IMPALA's breakout-minatar preset beside ppo.py's (same envs, rollout length and network,
+# 10M env steps each, SEEDS seeds vmapped in one process each), then both curves against
+# env steps and against the training loop's wall seconds.
+if [[ $what == breakout-minatar || $what == all ]]; then
+  seeds=${SEEDS:-2}
+  rm -rf "${OUT:?}/breakout-minatar-impala" "${OUT:?}/breakout-minatar-ppo"
+  /usr/bin/time -f "breakout-minatar-impala: %e s wall" $PY algos/impala.py --preset breakout-minatar \
+    --num-seeds "$seeds" --run-root "$OUT/breakout-minatar-impala" --exp-name impala-minatar
+  /usr/bin/time -f "breakout-minatar-ppo: %e s wall" $PY algos/ppo.py --preset breakout-minatar \
+    --num-seeds "$seeds" --run-root "$OUT/breakout-minatar-ppo" --exp-name ppo-minatar
+  $PY - "$OUT" "$seeds" <<'PLOT'
+import sys
+from pathlib import Path
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from jaxzoo.logger import read_metrics
+from jaxzoo.plot import forward_fill, mean_and_ci, trailing_mean
+out, seeds = Path(sys.argv[1]), sys.argv[2]
+fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+for name, label in (("impala", "IMPALA"), ("ppo", "PPO")):
+    curves = {"global_step": [], "wall_seconds": []}
+    for run in sorted((out / f"breakout-minatar-{name}").iterdir()):
+        rows = read_metrics(run)
+        for seed in np.unique(rows["seed"]):
+            mine = rows["seed"] == seed
+            order = np.argsort(rows["global_step"][mine])
+            y = trailing_mean(forward_fill(rows["episode_return"][mine][order]), 20)
+            for x_name in curves:
+                curves[x_name].append((rows[x_name][mine][order], y))
+    for axis, (x_name, per_seed) in zip(axes, curves.items()):
+        grid = np.linspace(0, min(x[-1] for x, _ in per_seed), 200)  # every seed covers it
+        mean, half_width = mean_and_ci([np.interp(grid, x, y) for x, y in per_seed])
+        axis.plot(grid, mean, label=f"{label} ({len(per_seed)} seeds)")
+        axis.fill_between(grid, mean - half_width, mean + half_width, alpha=0.25)
+for axis, xlabel in zip(axes, ("environment steps", "wall seconds (training loop)")):
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel("episode return")
+    axis.grid(alpha=0.3)
+    axis.legend()
+fig.suptitle(f"Breakout-MinAtar, {seeds} seeds: IMPALA vs PPO (breakout-minatar presets)")
+fig.tight_layout()
+fig.savefig("docs/img/impala_vs_ppo_breakout_minatar.png", dpi=120)
+print("docs/img/impala_vs_ppo_breakout_minatar.png")
+PLOT
 fi
 $PY benchmarks/summarize.py "$OUT"/*/*

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
 
 from jaxzoo import checkpoint, cli, logger, runner
-from jaxzoo.algos import impala
+from jaxzoo.algos import impala, ppo
 
 
 def tiny(tmp_path, **overrides) -> impala.Args:
@@ -212,12 +212,18 @@ def test_documented_presets_exist():
     import tomllib
 
     presets = tomllib.loads((ROOT / "configs" / "impala.toml").read_text())
-    for name in ("cartpole", "rllib-impala", "rllib-appo", "tiny"):
+    for name in ("cartpole", "rllib-impala", "rllib-appo", "tiny", "breakout-minatar"):
         assert name in presets, name
         cli.preset_args(impala.Args, "impala", name)  # every key is an Args field
     # The cartpole preset is the file's defaults, spelled out.
     assert cli.preset_args(impala.Args, "impala", "cartpole") == impala.Args()
     assert cli.preset_args(impala.Args, "impala", "rllib-appo").max_grad_norm == 30.0  # the notebook's grad_clip
+    # breakout-minatar sits beside ppo.py's preset: the same envs, rollout length, network and env steps.
+    ours, ppos = cli.preset_args(impala.Args, "impala", "breakout-minatar"), cli.preset_args(ppo.Args, "ppo",
+                                                                                              "breakout-minatar")
+    for name in ("env_id", "total_timesteps", "num_envs", "num_steps", "torso", "hidden_sizes", "activation",
+                 "shared_torso", "num_minibatches", "gamma", "ent_coef", "max_grad_norm", "log_every"):
+        assert getattr(ours, name) == getattr(ppos, name), name
 
 
 # --------------------------------------------------------------------------- #
