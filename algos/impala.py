@@ -25,6 +25,7 @@ publishes new parameters, and the lag is whatever that makes it (measured).
     python algos/impala.py --appo --policy-lag 4
     python algos/impala.py --preset rllib-appo --num-seeds 4
     python algos/impala.py --architecture sebulba --num-actor-threads 4
+    python algos/impala.py --preset atari                   # envpool:Breakout-v5 from pixels (atari extra)
 
 Details, logged metrics and measured results: docs/impala.md.
 """
@@ -51,7 +52,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxzoo import checkpoint, cli, envs, layers, logger, parallel, runner
+from jaxzoo import atari, checkpoint, cli, envs, layers, logger, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fields
 
 
@@ -60,7 +61,7 @@ from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fie
 # --------------------------------------------------------------------------- #
 @dataclass(frozen=True)
 class Args:
-    """IMPALA (Espeholt et al. 2018) or APPO on a gymnax environment, jitted end to end."""
+    """IMPALA (Espeholt et al. 2018) or APPO on a gymnax environment or an envpool Atari game, jitted end to end."""
 
     exp_name: str = "impala"
     """name of the experiment: part of the run directory and the plot label"""
@@ -69,7 +70,7 @@ class Args:
     num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "CartPole-v1"
-    """gymnax environment id"""
+    """gymnax environment id, or an Atari game stepped by envpool inside jit, 'envpool:<Game>-v5' (needs the `atari` extra; one seed per process; docs/impala.md, Atari)"""
     total_timesteps: Annotated[int, AtLeastOne] = 1_000_000
     """environment steps per seed"""
     log_every: Annotated[int, AtLeastOne] = 20
@@ -113,7 +114,7 @@ class Args:
     policy_lag: Annotated[int, NonNegative] = 2
     """updates by which the actors' parameters lag the learner's: actors act with the parameters of policy_lag updates ago (0: on-policy); --architecture anakin only, sebulba's lag comes from its threads and queue and is logged"""
     max_episode_steps: Annotated[int, NonNegative] = 0
-    """time limit of an episode in env steps; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0)"""
+    """time limit of an episode in env steps; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0; Atari's is 27,000 agent steps, 108k frames)"""
     num_envs: Annotated[int, AtLeastOne] = 16
     """parallel environments per seed (actors)"""
     num_steps: Annotated[int, AtLeastOne] = 32
@@ -154,10 +155,10 @@ class Args:
     """APPO: initial adaptive coefficient of the KL(target || current) penalty, as RLlib's kl_coeff with use_kl_loss (0: no penalty)"""
     kl_target: Annotated[float, Positive] = 0.01
     """KL target of the adaptive penalty: x1.5 above 2x target, x0.5 below half"""
-    torso: Literal["auto", "mlp", "cnn"] = "auto"
-    """network torso: auto picks cnn for image observations [H, W, C], mlp otherwise"""
+    torso: Literal["auto", "mlp", "cnn", "nature"] = "auto"
+    """network torso: cnn is the MinAtar network, nature the Nature DQN convolutions; auto picks nature for envpool ids, cnn for other image observations [H, W, C], mlp otherwise"""
     hidden_sizes: Annotated[tuple[int, ...], AtLeastOne] = (64, 64)
-    """MLP layer widths (after the convolution for the cnn torso)"""
+    """MLP layer widths (after the convolutions for the cnn and nature torsos)"""
     activation: Literal["tanh", "relu"] = "tanh"
     """hidden-layer activation"""
     shared_torso: bool = False
@@ -177,6 +178,8 @@ class Args:
 
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
+        if atari.is_envpool(self.env_id):
+            self.check_envpool()
         if self.num_envs % self.num_minibatches:
             raise ValueError(
                 f"num_envs={self.num_envs} does not divide into num_minibatches={self.num_minibatches} "
@@ -194,6 +197,28 @@ class Args:
             )
         if self.architecture == "sebulba":
             self._check_sebulba()
+
+    def check_envpool(self) -> None:
+        """What an envpool id cannot do (common/atari.py, as ppo.py); the id itself is checked when the env is built."""
+        refused = [
+            (
+                self.num_seeds != 1,
+                f"num_seeds must be 1, got {self.num_seeds}: envpool's XLA calls cannot be vmapped "
+                "over seeds (run each seed as its own process with --seed)",
+            ),
+            (self.parallel == "data", "--parallel data is not supported: the envs live in one envpool pool"),
+            (
+                self.torso not in ("auto", "nature"),
+                f"torso={self.torso!r} is not for Atari frames; accepted: auto, nature",
+            ),
+            (
+                self.architecture == "sebulba",
+                "architecture='sebulba' is not supported yet; accepted: --architecture anakin",
+            ),
+        ]
+        for bad, message in refused:
+            if bad:
+                raise ValueError(f"env_id {self.env_id!r}: {message}")
 
     def _check_sebulba(self) -> None:
         """What --architecture sebulba needs, before anything is built (the
@@ -294,6 +319,58 @@ class MinAtarCNN(nnx.Module):
         return self.mlp(x.reshape(x.shape[:-3] + (-1,)))
 
 
+def same_padding(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
+    """Zero padding (before, after) that makes a convolution's output
+    ceil(size / stride) long, as RLlib's `same_padding` (the extra pixel after)."""
+    total = max((-(-size // stride) - 1) * stride + kernel_size - size, 0)
+    return total // 2, total - total // 2
+
+
+class NatureCNN(nnx.Module):
+    """[..., H, W, C] uint8 frames -> [..., hidden_sizes[-1]]: the Nature DQN
+    convolutions (Mnih et al. 2015: 32 8x8 filters stride 4, 64 4x4 stride 2,
+    64 3x3 stride 1, each followed by a ReLU), then an MLP (512 units in the
+    atari preset). Inputs are scaled to [0, 1] here, so rollouts keep bytes.
+    Orthogonal weights with gain sqrt(2) and zero biases, as CleanRL's
+    ppo_atari_envpool_xla_jax.py. Each convolution is patches @ kernel like
+    MinAtarCNN's: a `lax.conv` kernel gradient inside the update's scan was
+    about 40x slower here (docs/ppo.md, Atari). `padding` "valid" is the
+    Nature network's (84 -> 20 -> 9 -> 7); "same" is RLlib's CNN encoder's
+    (84 -> 21 -> 11 -> 11)."""
+
+    FILTERS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels, kernel size, stride)
+
+    def __init__(self, obs_shape, hidden_sizes, activation: str, padding: str, rngs: nnx.Rngs):
+        height, width, channels = obs_shape
+        pads, convs = [], []
+        for out_channels, kernel_size, stride in self.FILTERS:
+            pad_h, pad_w = (
+                (same_padding(height, kernel_size, stride), same_padding(width, kernel_size, stride))
+                if padding == "same"
+                else ((0, 0), (0, 0))
+            )
+            pads.append((pad_h, pad_w))
+            convs.append(dense(kernel_size * kernel_size * channels, out_channels, np.sqrt(2), rngs))
+            height = (height + sum(pad_h) - kernel_size) // stride + 1
+            width = (width + sum(pad_w) - kernel_size) // stride + 1
+            channels = out_channels
+        self.convs = nnx.List(convs)
+        self.pads = tuple(pads)  # static: ((top, bottom), (left, right)) per convolution
+        self.mlp = MLP(height * width * channels, hidden_sizes, activation, rngs)
+        self.out_features = self.mlp.out_features
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for layer, (conv, (pad_h, pad_w), (_, kernel_size, stride)) in enumerate(
+            zip(self.convs, self.pads, self.FILTERS)
+        ):
+            x = jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [pad_h, pad_w, (0, 0)])
+            windows = layers.patches(x, kernel_size, stride)
+            if layer == 0:  # frames in [0, 255] (bytes or floats), scaled after cutting the windows
+                windows = windows.astype(jnp.float32) / 255.0
+            x = jax.nn.relu(conv(windows))
+        return self.mlp(x.reshape(x.shape[:-3] + (-1,)))
+
+
 # A categorical over logits for discrete actions, a diagonal Gaussian for continuous ones.
 Distribution: TypeAlias = "distrax.Categorical | distrax.MultivariateNormalDiag"
 
@@ -304,13 +381,26 @@ class ActorCritic(nnx.Module):
 
     Discrete: logits [..., A]. Continuous: Gaussian mean [..., A] with a
     learned, state-independent log-std [A]. The policy head starts near
-    uniform (orthogonal gain 0.01), the value head with gain 1.
+    uniform (orthogonal gain 0.01), the value head with gain 1. Torsos: mlp,
+    cnn (MinAtar) or nature (Atari frames; `conv_padding` as ppo.py's, valid
+    unless given: this file has no flag for it).
     """
 
-    def __init__(self, spec: envs.EnvSpec, torso: str, hidden_sizes, activation, shared_torso, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        spec: envs.EnvSpec,
+        torso: str,
+        hidden_sizes,
+        activation,
+        shared_torso,
+        rngs: nnx.Rngs,
+        conv_padding: str = "valid",
+    ):
         def make_torso():
             if torso == "cnn":
                 return MinAtarCNN(spec.obs_shape, hidden_sizes, activation, rngs)
+            if torso == "nature":
+                return NatureCNN(spec.obs_shape, hidden_sizes, activation, conv_padding, rngs)
             return MLP(int(np.prod(spec.obs_shape)), hidden_sizes, activation, rngs)
 
         self.actor_torso = make_torso()
@@ -672,15 +762,20 @@ def batch_of(traj: Transition) -> Batch:
     )
 
 
-def episode_metrics_of(traj: Transition) -> dict[str, jax.Array]:
-    """Masked means over the episodes that finished in a rollout [T, N] (jaxzoo.envs.episode_metrics)."""
-    return envs.episode_metrics(
+def episode_metrics_of(traj: Transition, env_id: str) -> dict[str, jax.Array]:
+    """Masked means over the episodes that finished in a rollout [T, N] (jaxzoo.envs.episode_metrics);
+    on Atari also as game_score and game_length, as ppo.py logs them."""
+    metrics = envs.episode_metrics(
         {
             "episode_done": traj.episode_done,
             "episode_return": traj.episode_return,
             "episode_length": traj.episode_length,
         }
     )
+    if atari.is_envpool(env_id):
+        # An Atari "episode" is the whole game: the unclipped score over all its lives (common/atari.py, 5).
+        metrics["game_score"], metrics["game_length"] = metrics["episode_return"], metrics["episode_length"]
+    return metrics
 
 
 def pack(tree, batch_dims: int) -> jax.Array:
@@ -813,22 +908,47 @@ def actor_functions(args: Args, actor_env, env_params, graphdef: nnx.GraphDef, p
     return actor_reset, actor_rollout, unpack_rollout
 
 
-def make_train(args: Args) -> IMPALA:
+def make_envs(args: Args):
+    """(env, env_params, eval_env, spec, torso, make_env): the training envs
+    (num_envs), the greedy evaluation's (eval_episodes), the torso for their
+    observations, and `make_env(num)`, more envs of the same kind (sebulba's
+    actor threads)."""
+    if atari.is_envpool(args.env_id):
+        # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py), with
+        # its defaults (atari.Preprocessing, ppo.py's defaults; docs/impala.md, Atari).
+        preprocessing = {"max_episode_steps": args.max_episode_steps or atari.MAX_EPISODE_STEPS}
+        env, env_params = atari.make(args.env_id, args.num_envs, seed=args.seed, **preprocessing)
+        eval_env, _ = atari.make(args.env_id, args.eval_episodes, seed=args.seed, role=1, **preprocessing)
+        if args.capture_video:  # the newest frame at each step of env 0's first game (jaxzoo.video)
+            eval_env = envs.RecordEpisode(eval_env, env.spec.max_episode_steps + 1)
+        make_env = lambda num: atari.make(args.env_id, num, seed=args.seed, **preprocessing)[0]
+        return env, env_params, eval_env, env.spec, "nature", make_env
     max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
     probe_env, probe_params = envs.make(args.env_id)
     probe_spec = envs.spec(probe_env, probe_params)
     image_obs = len(probe_spec.obs_shape) == 3
     torso = args.torso if args.torso != "auto" else ("cnn" if image_obs else "mlp")
-    if torso == "cnn" and not image_obs:
+    if torso in ("cnn", "nature") and not image_obs:
         raise ValueError(
-            f"torso='cnn' needs image observations [H, W, C]; {args.env_id} observations "
+            f"torso={torso!r} needs image observations [H, W, C]; {args.env_id} observations "
             f"have shape {probe_spec.obs_shape} (use torso='mlp' or 'auto')"
         )
+    if torso == "nature" and min(probe_spec.obs_shape[:2]) < 36:
+        raise ValueError(
+            f"torso='nature' needs images of at least 36 x 36 pixels; {args.env_id} observations have shape "
+            f"{probe_spec.obs_shape} (MinAtar's 10 x 10: torso='cnn')"
+        )
+    make_env = lambda num: envs.make(args.env_id, num, flatten_obs=torso == "mlp", **max_steps)[0]
     env, env_params = envs.make(args.env_id, args.num_envs, flatten_obs=torso == "mlp", **max_steps)
-    eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp", **max_steps)
+    eval_env = make_env(args.eval_episodes)
     spec = envs.spec(env, env_params)
     if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
         eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
+    return env, env_params, eval_env, spec, torso, make_env
+
+
+def make_train(args: Args) -> IMPALA:
+    env, env_params, eval_env, spec, torso, make_env = make_envs(args)
     build = lambda key: ActorCritic(spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(key))
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: build(0)))
     num_updates, lag = args.num_updates, args.policy_lag
@@ -918,7 +1038,7 @@ def make_train(args: Args) -> IMPALA:
             obs=obs,
             key=key,
         )
-        return new_state, {**episode_metrics_of(traj), **learner_metrics}
+        return new_state, {**episode_metrics_of(traj, args.env_id), **learner_metrics}
 
     def train(key: jax.Array, hparams: Hyperparams | None = None):
         """The whole run as one `lax.scan` over updates: jit it, vmap it over
@@ -940,10 +1060,7 @@ def make_train(args: Args) -> IMPALA:
         return LearnerState(**{f.name: getattr(state, f.name) for f in dataclasses.fields(LearnerState)})
 
     # --architecture sebulba: each actor thread steps envs_per_actor environments.
-    sebulba = args.architecture == "sebulba"
-    actor_env = (
-        envs.make(args.env_id, args.envs_per_actor, flatten_obs=torso == "mlp", **max_steps)[0] if sebulba else env
-    )
+    actor_env = make_env(args.envs_per_actor) if args.architecture == "sebulba" else env
     params_like = jax.eval_shape(lambda: nnx.split(build(jax.random.key(0)))[1])
     actor = actor_functions(args, actor_env, env_params, graphdef, params_like)
     return IMPALA(init, update, train, evaluate, policy, spec, learner_init, learner_update, *actor)
@@ -1127,7 +1244,7 @@ class SebulbaLearner:
             traj = algo.unpack_rollout(jnp.concatenate(blocks, axis=1))  # Transition [T, num_envs]
             key, learn_key = jax.random.split(state.key)
             state, metrics = algo.learner_update(state.replace(key=key), batch_of(traj), learn_key)
-            metrics = {**episode_metrics_of(traj), **metrics}
+            metrics = {**episode_metrics_of(traj, self.args.env_id), **metrics}
             return state, metrics, runner.first_nonfinite_leaf(state), pack(state.params, 0)
 
         def one_block(state, key):

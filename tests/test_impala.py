@@ -2,6 +2,7 @@
 
 import dataclasses
 import faulthandler
+import importlib.util
 import json
 import os
 import signal
@@ -15,8 +16,9 @@ import jax
 import numpy as np
 import pytest
 from conftest import ROOT, assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
+from flax import nnx
 
-from jaxzoo import checkpoint, cli, logger, runner
+from jaxzoo import checkpoint, cli, envs, logger, runner
 from jaxzoo.algos import impala, ppo
 
 
@@ -212,7 +214,7 @@ def test_documented_presets_exist():
     import tomllib
 
     presets = tomllib.loads((ROOT / "configs" / "impala.toml").read_text())
-    for name in ("cartpole", "rllib-impala", "rllib-appo", "tiny", "breakout-minatar"):
+    for name in ("cartpole", "rllib-impala", "rllib-appo", "tiny", "breakout-minatar", "atari", "tiny-atari"):
         assert name in presets, name
         cli.preset_args(impala.Args, "impala", name)  # every key is an Args field
     # The cartpole preset is the file's defaults, spelled out.
@@ -224,6 +226,59 @@ def test_documented_presets_exist():
     for name in ("env_id", "total_timesteps", "num_envs", "num_steps", "torso", "hidden_sizes", "activation",
                  "shared_torso", "num_minibatches", "gamma", "ent_coef", "max_grad_norm", "log_every"):
         assert getattr(ours, name) == getattr(ppos, name), name
+
+
+# --------------------------------------------------------------------------- #
+# Atari through envpool (common/atari.py), the Nature CNN
+# --------------------------------------------------------------------------- #
+needs_envpool = pytest.mark.skipif(
+    importlib.util.find_spec("envpool") is None, reason='envpool is not installed (pip install -e ".[atari]")'
+)
+
+
+@needs_envpool
+def test_tiny_atari_runs_through_the_cli_and_logs_game_score(tmp_path):
+    out = run_copied_script("impala", ["--preset", "tiny-atari", "--run-root", str(tmp_path)])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "envpool:Breakout-v5: 1 seed(s) x 4 updates x 32 steps" in out.stdout, out.stdout[-2000:]
+    (run_dir,) = tmp_path.iterdir()
+    rows = logger.read_metrics(run_dir)
+    assert list(rows["update"]) == [1, 2, 3, 4] and np.isfinite(rows["policy_loss"]).all()
+    # The whole game's unclipped score under a name that says so (and as episode_return, which the tools read).
+    np.testing.assert_array_equal(rows["game_score"], rows["episode_return"])
+    np.testing.assert_array_equal(rows["game_length"], rows["episode_length"])
+    assert np.isfinite(rows["game_score"]).any() and np.nanmax(rows["game_length"]) == 50  # the preset's time limit
+    evaluation = json.loads((run_dir / "eval.json").read_text())
+    assert len(evaluation["returns"][0]) == 2 and np.isfinite(evaluation["mean"])
+
+
+def test_nature_cnn_output_shape_and_parameter_count():
+    """The atari preset's network (Nature CNN, 512 units, one torso) on a
+    [T, M] batch of frames, from shapes only: ppo.py's count for the same
+    network (tests/test_atari.py counts it by hand), and its text is ppo.py's."""
+    import inspect
+
+    spec = envs.EnvSpec((84, 84, 4), True, 4, None, None, 27_000)
+    build = lambda: impala.ActorCritic(spec, "nature", (512,), "relu", True, nnx.Rngs(0))
+    graphdef, params = nnx.split(nnx.eval_shape(build))
+    assert sum(x.size for x in jax.tree.leaves(params)) == 1_686_693
+    frames = jax.ShapeDtypeStruct((5, 3, 84, 84, 4), np.uint8)  # [T, M, H, W, C]: the learner's batch
+    dist, value = jax.eval_shape(lambda p, obs: nnx.merge(graphdef, p)(obs), params, frames)
+    assert dist.logits.shape == (5, 3, 4) and value.shape == (5, 3)
+    for name in ("NatureCNN", "same_padding"):
+        assert inspect.getsource(getattr(impala, name)) == inspect.getsource(getattr(ppo, name)), name
+
+
+def test_envpool_ids_refuse_what_they_cannot_do():
+    for overrides, message in [
+        (dict(num_seeds=2), r"num_seeds must be 1, got 2: envpool's XLA calls cannot be vmapped"),
+        (dict(parallel="data"), r"--parallel data is not supported"),
+        (dict(torso="cnn"), r"torso='cnn' is not for Atari frames; accepted: auto, nature"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            dataclasses.replace(cli.preset_args(impala.Args, "impala", "tiny-atari"), **overrides)
+    with pytest.raises(ValueError, match=r"torso='nature' needs images of at least 36 x 36 pixels"):
+        impala.make_train(impala.Args(env_id="Breakout-MinAtar", torso="nature"))
 
 
 # --------------------------------------------------------------------------- #
