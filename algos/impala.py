@@ -211,10 +211,6 @@ class Args:
                 self.torso not in ("auto", "nature"),
                 f"torso={self.torso!r} is not for Atari frames; accepted: auto, nature",
             ),
-            (
-                self.architecture == "sebulba",
-                "architecture='sebulba' is not supported yet; accepted: --architecture anakin",
-            ),
         ]
         for bad, message in refused:
             if bad:
@@ -868,14 +864,15 @@ class IMPALA(NamedTuple):
     evaluate: Any  # (RunnerState, key) -> episode returns [eval_episodes]; with --capture-video also an envs.Recording
     policy: Any  # (params, obs [B, *obs_shape]) -> (distribution, value [B])
     spec: envs.EnvSpec
-    # --architecture sebulba: the same learner, and one actor thread's environments
+    # --architecture sebulba: the same learner, and the actor threads' environments
     learner_init: Any  # (key, hparams=None) -> LearnerState
     learner_update: Any  # (RunnerState | LearnerState, Batch [T, num_envs], key) -> (state, metrics)
-    actor_reset: Any  # key -> (obs [envs_per_actor, *obs_shape], env_state)
+    actor_reset: Any  # key -> (obs [envs_per_actor, *obs_shape], env_state); actor 0's
     actor_rollout: (
         Any  # (params packed [P], env_state, obs, key) -> ((env_state, obs, key), packed [T, envs_per_actor, F])
     )
     unpack_rollout: Any  # packed rollouts [T, N, F] -> Transition [T, N]
+    actors: Any  # actor id -> (actor_reset, actor_rollout, unpack_rollout) of that actor thread's environments
 
 
 def actor_functions(args: Args, actor_env, env_params, graphdef: nnx.GraphDef, params_like):
@@ -909,20 +906,24 @@ def actor_functions(args: Args, actor_env, env_params, graphdef: nnx.GraphDef, p
 
 
 def make_envs(args: Args):
-    """(env, env_params, eval_env, spec, torso, make_env): the training envs
-    (num_envs), the greedy evaluation's (eval_episodes), the torso for their
-    observations, and `make_env(num)`, more envs of the same kind (sebulba's
-    actor threads)."""
+    """(env, env_params, eval_env, spec, torso, make_actor_env): the training
+    envs (num_envs), the greedy evaluation's (eval_episodes), the torso for
+    their observations, and `make_actor_env(actor_id)`, the envs_per_actor
+    environments of a sebulba actor thread. An envpool pool is a stateful
+    emulator pool, so each actor thread gets one of its own (role 2 + actor_id:
+    its own seeds, common/atari.py 6), and with --architecture sebulba no pool
+    of num_envs is made (`env` is None: the actors own the games)."""
     if atari.is_envpool(args.env_id):
         # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py), with
         # its defaults (atari.Preprocessing, ppo.py's defaults; docs/impala.md, Atari).
         preprocessing = {"max_episode_steps": args.max_episode_steps or atari.MAX_EPISODE_STEPS}
-        env, env_params = atari.make(args.env_id, args.num_envs, seed=args.seed, **preprocessing)
-        eval_env, _ = atari.make(args.env_id, args.eval_episodes, seed=args.seed, role=1, **preprocessing)
+        pool = lambda num, role: atari.make(args.env_id, num, seed=args.seed, role=role, **preprocessing)[0]
+        env = pool(args.num_envs, 0) if args.architecture == "anakin" else None
+        eval_env = pool(args.eval_episodes, 1)
+        spec = eval_env.spec
         if args.capture_video:  # the newest frame at each step of env 0's first game (jaxzoo.video)
-            eval_env = envs.RecordEpisode(eval_env, env.spec.max_episode_steps + 1)
-        make_env = lambda num: atari.make(args.env_id, num, seed=args.seed, **preprocessing)[0]
-        return env, env_params, eval_env, env.spec, "nature", make_env
+            eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
+        return env, None, eval_env, spec, "nature", lambda actor_id: pool(args.envs_per_actor, 2 + actor_id)
     max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
     probe_env, probe_params = envs.make(args.env_id)
     probe_spec = envs.spec(probe_env, probe_params)
@@ -944,11 +945,11 @@ def make_envs(args: Args):
     spec = envs.spec(env, env_params)
     if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
         eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
-    return env, env_params, eval_env, spec, torso, make_env
+    return env, env_params, eval_env, spec, torso, lambda actor_id: make_env(args.envs_per_actor)
 
 
 def make_train(args: Args) -> IMPALA:
-    env, env_params, eval_env, spec, torso, make_env = make_envs(args)
+    env, env_params, eval_env, spec, torso, make_actor_env = make_envs(args)
     build = lambda key: ActorCritic(spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(key))
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: build(0)))
     num_updates, lag = args.num_updates, args.policy_lag
@@ -962,25 +963,34 @@ def make_train(args: Args) -> IMPALA:
 
     optimizer = optax.inject_hyperparams(make_optimizer)(learning_rate=args.learning_rate)
 
-    def init(key: jax.Array, hparams: Hyperparams | None = None) -> RunnerState:
+    def learner_init(key: jax.Array, hparams: Hyperparams | None = None) -> LearnerState:
+        """The learner's half of `init` (the same parameters for the same key),
+        all of --architecture sebulba's state: the environments live in the actor threads."""
         hparams = Hyperparams.from_args(args) if hparams is None else hparams
-        key, model_key, env_key = jax.random.split(key, 3)
+        key, model_key, _ = jax.random.split(key, 3)
         params = nnx.split(build(model_key))[1]
-        obs, env_state = env.reset(env_key, env_params)
-        return RunnerState(
+        return LearnerState(
             params=params,
             target_params=params if args.appo else None,
-            # Until policy_lag updates have happened, the actors use the initial parameters.
-            actor_params=jax.tree.map(lambda p: jnp.stack([p] * lag), params) if lag else None,
-            actor_slot=jnp.zeros((), jnp.int32),
             opt_state=optimizer.init(params),
-            env_state=env_state,
-            obs=obs,
             key=key,
             update_step=jnp.zeros((), jnp.int32),
             gradient_steps=jnp.zeros((), jnp.int32),
             kl_coef=jnp.float32(args.kl_coef),
             hparams=hparams,
+        )
+
+    def init(key: jax.Array, hparams: Hyperparams | None = None) -> RunnerState:
+        learner = learner_init(key, hparams)
+        env_key = jax.random.split(key, 3)[2]
+        obs, env_state = env.reset(env_key, env_params)
+        return RunnerState(
+            **{f.name: getattr(learner, f.name) for f in dataclasses.fields(LearnerState)},
+            # Until policy_lag updates have happened, the actors use the initial parameters.
+            actor_params=jax.tree.map(lambda p: jnp.stack([p] * lag), learner.params) if lag else None,
+            actor_slot=jnp.zeros((), jnp.int32),
+            env_state=env_state,
+            obs=obs,
         )
 
     def learner_update(state, batch: Batch, key: jax.Array):
@@ -1053,17 +1063,33 @@ def make_train(args: Args) -> IMPALA:
             eval_env, env_params, lambda obs: actor(obs).mode(), key, spec.max_episode_steps + 1
         )
 
-    def learner_init(key: jax.Array, hparams: Hyperparams | None = None) -> LearnerState:
-        """--architecture sebulba: the learner's half of `init` (the same
-        parameters for the same key); the environments live in the actor threads."""
-        state = init(key, hparams)
-        return LearnerState(**{f.name: getattr(state, f.name) for f in dataclasses.fields(LearnerState)})
-
-    # --architecture sebulba: each actor thread steps envs_per_actor environments.
-    actor_env = make_env(args.envs_per_actor) if args.architecture == "sebulba" else env
     params_like = jax.eval_shape(lambda: nnx.split(build(jax.random.key(0)))[1])
-    actor = actor_functions(args, actor_env, env_params, graphdef, params_like)
-    return IMPALA(init, update, train, evaluate, policy, spec, learner_init, learner_update, *actor)
+
+    @functools.cache
+    def actors(actor_id: int):
+        """--architecture sebulba: actor thread `actor_id`'s functions on its
+        envs_per_actor environments (envpool: a pool of its own, made on first
+        call; gymnax envs are pure, so every thread shares actor 0's functions)."""
+        if actor_id and not atari.is_envpool(args.env_id):
+            return actors(0)
+        actor_env = make_actor_env(actor_id) if args.architecture == "sebulba" else env
+        return actor_functions(args, actor_env, env_params, graphdef, params_like)
+
+    actor_reset, actor_rollout, unpack_rollout = actors(0)
+    return IMPALA(
+        init,
+        update,
+        train,
+        evaluate,
+        policy,
+        spec,
+        learner_init,
+        learner_update,
+        actor_reset,
+        actor_rollout,
+        unpack_rollout,
+        actors,
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -1114,9 +1140,19 @@ class ActorThreads:
         self.errors: list[BaseException] = []
         self.produced: list[list[int]] = []  # [actor id, sequence] of every block put in the queue
         self._blocks_left, self._lock = blocks, threading.Lock()
-        self._reset = jax.jit(algo.actor_reset, compiler_options=runner.RUN_ONCE)
+        # Each thread's jitted reset and rollout; threads with the same functions (gymnax
+        # envs) share them, an envpool thread has its own (its pool is named in its programs).
         # The env state and observations are the thread's own: updated in place.
-        self._rollout = jax.jit(algo.actor_rollout, donate_argnums=(1, 2))
+        jitted: dict[Any, tuple[Any, Any]] = {}
+        self._programs = []
+        for actor_id in range(args.num_actor_threads):
+            reset, rollout, _ = algo.actors(actor_id)
+            if reset not in jitted:
+                jitted[reset] = (
+                    jax.jit(reset, compiler_options=runner.RUN_ONCE),
+                    jax.jit(rollout, donate_argnums=(1, 2)),
+                )
+            self._programs.append(jitted[reset])
         self._ready = [threading.Event() for _ in range(args.num_actor_threads)]  # rollout compiled
         self.threads = [
             threading.Thread(
@@ -1161,10 +1197,11 @@ class ActorThreads:
             self.halt.set()
 
     def _act(self, actor_id: int, device, key: jax.Array) -> None:
+        reset, jitted_rollout = self._programs[actor_id]
         key, reset_key = jax.random.split(jax.device_put(key, device))
-        obs, env_state = self._reset(reset_key)
+        obs, env_state = reset(reset_key)
         version, params = self.slot.read(device)
-        rollout = self._rollout.lower(params, env_state, obs, key).compile()  # for this device
+        rollout = jitted_rollout.lower(params, env_state, obs, key).compile()  # for this device
         self._ready[actor_id].set()
         sequence = 0
         while self._take_block():

@@ -478,6 +478,29 @@ def test_pack_round_trips_a_rollout_and_the_parameters_exactly(tmp_path):
     np.testing.assert_array_equal(traj.obs[0], obs)  # the rollout starts where the reset left the envs
 
 
+@needs_envpool
+def test_sebulba_steps_atari_with_an_envpool_pool_per_actor_thread(tmp_path):
+    """tiny-atari with 2 actor threads: envpool's XLA calls run inside the
+    threads' jitted rollouts, each thread on a pool of its own; every block
+    is learned from once, the game score is logged, the threads are joined."""
+    args = dataclasses.replace(cli.preset_args(impala.Args, "impala", "tiny-atari"), run_root=str(tmp_path),
+                               architecture="sebulba")
+    result = impala.main(args)
+    assert actor_threads_alive() == [] and result.chunk_traces == 1
+    produced, consumed = result.ledger["produced"], result.ledger["consumed"]
+    assert len(produced) == 8 and sorted(c[:2] for c in consumed) == sorted(produced)
+    rows = logger.read_metrics(result.run_dir)
+    assert list(rows["update"]) == [1, 2, 3, 4] and np.isfinite(rows["policy_lag_mean"]).all()
+    np.testing.assert_array_equal(rows["game_score"], rows["episode_return"])
+    assert np.isfinite(rows["game_score"]).any()  # 128 steps on 2 envs: a game reached the 50-step limit
+    assert np.isfinite(json.loads((Path(result.run_dir) / "eval.json").read_text())["mean"])
+    # A pool is a stateful emulator, so each thread has its own programs; gymnax threads share theirs.
+    algo = impala.make_train(args)
+    assert algo.actors(1)[1] is not algo.actors(0)[1] is algo.actor_rollout
+    gymnax = impala.make_train(sebulba(tmp_path))
+    assert gymnax.actors(1) is gymnax.actors(0)
+
+
 def test_sebulba_divergence_stops_the_run_with_every_thread_joined(tmp_path):
     with pytest.raises(cli.Diverged, match=r"seed index 0 \(seed 0\) at update \d+: first non-finite value"):
         impala.main(sebulba(tmp_path, learning_rate=1e30))
