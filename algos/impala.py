@@ -159,10 +159,29 @@ class Args:
     """network torso: cnn is the MinAtar network, nature the Nature DQN convolutions; auto picks nature for envpool ids, cnn for other image observations [H, W, C], mlp otherwise"""
     hidden_sizes: Annotated[tuple[int, ...], AtLeastOne] = (64, 64)
     """MLP layer widths (after the convolutions for the cnn and nature torsos)"""
+    conv_padding: Literal["valid", "same"] = "valid"
+    """padding of the nature torso's convolutions: valid (Nature DQN, CleanRL) or same (RLlib's CNN encoder, out = ceil(in / stride))"""
     activation: Literal["tanh", "relu"] = "tanh"
     """hidden-layer activation"""
     shared_torso: bool = False
     """actor and critic share one torso (else two separate ones)"""
+    # Atari preprocessing (DeepMind's, done by envpool; envpool ids only; common/atari.py)
+    frame_skip: Annotated[int, AtLeastOne] = 4
+    """Atari: emulator frames per agent step, the action repeated (the last two frames max-pooled)"""
+    frame_stack: Annotated[int, AtLeastOne] = 4
+    """Atari: frames stacked on the channel axis of an observation"""
+    noop_max: Annotated[int, AtLeastOne] = 30
+    """Atari: up to this many no-op frames at every reset, drawn uniformly (1: no random no-op starts)"""
+    episodic_life: bool = True
+    """Atari: a lost life is `terminated` for the learner (the logged score stays the whole game's)"""
+    fire_reset: bool = True
+    """Atari: press FIRE after every reset in games that need it to start"""
+    reward_clip: bool = True
+    """Atari: the learner sees the sign of each reward (the logged score is unclipped)"""
+    image_size: Annotated[int, AtLeastOne] = 84
+    """Atari: side of the square frames in pixels"""
+    grayscale: bool = True
+    """Atari: one-channel frames instead of RGB"""
 
     # actor-learner (--architecture sebulba; docs/impala.md, Actor-learner)
     architecture: Literal["anakin", "sebulba"] = "anakin"
@@ -378,8 +397,7 @@ class ActorCritic(nnx.Module):
     Discrete: logits [..., A]. Continuous: Gaussian mean [..., A] with a
     learned, state-independent log-std [A]. The policy head starts near
     uniform (orthogonal gain 0.01), the value head with gain 1. Torsos: mlp,
-    cnn (MinAtar) or nature (Atari frames; `conv_padding` as ppo.py's, valid
-    unless given: this file has no flag for it).
+    cnn (MinAtar) or nature (Atari frames, `conv_padding` valid or same).
     """
 
     def __init__(
@@ -914,9 +932,18 @@ def make_envs(args: Args):
     its own seeds, common/atari.py 6), and with --architecture sebulba no pool
     of num_envs is made (`env` is None: the actors own the games)."""
     if atari.is_envpool(args.env_id):
-        # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py), with
-        # its defaults (atari.Preprocessing, ppo.py's defaults; docs/impala.md, Atari).
-        preprocessing = {"max_episode_steps": args.max_episode_steps or atari.MAX_EPISODE_STEPS}
+        # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py), as ppo.py.
+        preprocessing = dict(
+            frame_skip=args.frame_skip,
+            frame_stack=args.frame_stack,
+            noop_max=args.noop_max,
+            episodic_life=args.episodic_life,
+            fire_reset=args.fire_reset,
+            reward_clip=args.reward_clip,
+            image_size=args.image_size,
+            grayscale=args.grayscale,
+            max_episode_steps=args.max_episode_steps or atari.MAX_EPISODE_STEPS,
+        )
         pool = lambda num, role: atari.make(args.env_id, num, seed=args.seed, role=role, **preprocessing)[0]
         env = pool(args.num_envs, 0) if args.architecture == "anakin" else None
         eval_env = pool(args.eval_episodes, 1)
@@ -950,7 +977,9 @@ def make_envs(args: Args):
 
 def make_train(args: Args) -> IMPALA:
     env, env_params, eval_env, spec, torso, make_actor_env = make_envs(args)
-    build = lambda key: ActorCritic(spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(key))
+    build = lambda key: ActorCritic(
+        spec, torso, args.hidden_sizes, args.activation, args.shared_torso, nnx.Rngs(key), args.conv_padding
+    )
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: build(0)))
     num_updates, lag = args.num_updates, args.policy_lag
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
 from flax import nnx
 
-from jaxzoo import checkpoint, cli, envs, logger, runner
+from jaxzoo import atari, checkpoint, cli, envs, logger, runner
 from jaxzoo.algos import impala, ppo
 
 
@@ -267,6 +267,35 @@ def test_nature_cnn_output_shape_and_parameter_count():
     assert dist.logits.shape == (5, 3, 4) and value.shape == (5, 3)
     for name in ("NatureCNN", "same_padding"):
         assert inspect.getsource(getattr(impala, name)) == inspect.getsource(getattr(ppo, name)), name
+    # RLlib's "same" padding (84 -> 21 -> 11 -> 11) and separate torsos: ppo.py's count again.
+    count = lambda module: sum(x.size for x in jax.tree.leaves(nnx.split(nnx.eval_shape(
+        lambda: module.ActorCritic(spec, "nature", (64,), "relu", False, nnx.Rngs(0), "same")))[1]))
+    assert count(impala) == count(ppo) == 2 * (77_984 + 11 * 11 * 64 * 64 + 64) + (64 * 4 + 4) + 65
+
+
+def test_preprocessing_flags_reach_common_atari_as_ppos_do(monkeypatch):
+    """The same flags give the same atari.make calls as ppo.py's (training and
+    evaluation pools); sebulba's actor pools get the same preprocessing, role 2 + i."""
+    flags = dict(frame_skip=2, frame_stack=3, noop_max=1, episodic_life=False, fire_reset=False, reward_clip=False,
+                 image_size=64, grayscale=False, max_episode_steps=50)
+    calls: dict[str, list[dict]] = {"ppo": [], "impala": []}
+    spec = envs.EnvSpec((64, 64, 9), True, 4, None, None, 50)
+    for name, module in (("ppo", ppo), ("impala", impala)):
+
+        def fake_make(env_id, num_envs, *, seed, role=0, **preprocessing):
+            calls[name].append(dict(env_id=env_id, num_envs=num_envs, seed=seed, role=role, **preprocessing))
+            return type("Env", (), {"spec": spec})(), None
+
+        monkeypatch.setattr(atari, "make", fake_make)
+        args = dataclasses.replace(cli.preset_args(module.Args, name, "tiny-atari"), **flags)
+        envs_and_torso = module.make_envs(args)
+        assert envs_and_torso[4] == "nature"
+    assert len(calls["impala"]) == 2 and calls["impala"] == calls["ppo"]
+    assert {k: calls["impala"][0][k] for k in flags} == flags
+    args = dataclasses.replace(cli.preset_args(impala.Args, "impala", "tiny-atari"), **flags, architecture="sebulba")
+    make_actor_env = impala.make_envs(args)[5]
+    make_actor_env(1)
+    assert calls["impala"][-1] == {**calls["ppo"][0], "num_envs": args.envs_per_actor, "role": 3}
 
 
 def test_envpool_ids_refuse_what_they_cannot_do():
