@@ -26,6 +26,7 @@ publishes new parameters, and the lag is whatever that makes it (measured).
     python algos/impala.py --preset rllib-appo --num-seeds 4
     python algos/impala.py --architecture sebulba --num-actor-threads 4
     python algos/impala.py --preset atari                   # envpool:Breakout-v5 from pixels (atari extra)
+    python algos/impala.py --env-id gym:LunarLander-v3      # any gymnasium env, stepped on the host (docs/gym.md)
 
 Details, logged metrics and measured results: docs/impala.md.
 """
@@ -52,7 +53,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxzoo import atari, checkpoint, cli, envs, layers, logger, parallel, runner
+from jaxzoo import atari, checkpoint, cli, envs, host, layers, logger, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fields
 
 
@@ -61,7 +62,7 @@ from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fie
 # --------------------------------------------------------------------------- #
 @dataclass(frozen=True)
 class Args:
-    """IMPALA (Espeholt et al. 2018) or APPO on a gymnax environment or an envpool Atari game, jitted end to end."""
+    """IMPALA (Espeholt et al. 2018) or APPO on a gymnax environment, an envpool Atari game or a gymnasium env, jitted end to end."""
 
     exp_name: str = "impala"
     """name of the experiment: part of the run directory and the plot label"""
@@ -70,7 +71,7 @@ class Args:
     num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "CartPole-v1"
-    """gymnax environment id, or an Atari game stepped by envpool inside jit, 'envpool:<Game>-v5' (needs the `atari` extra; one seed per process; docs/impala.md, Atari)"""
+    """gymnax environment id; an Atari game stepped by envpool inside jit, 'envpool:<Game>-v5' (needs the `atari` extra; one seed per process; docs/impala.md, Atari); or any gymnasium id, 'gym:<id>', stepped on the host (one seed per process; docs/gym.md)"""
     total_timesteps: Annotated[int, AtLeastOne] = 1_000_000
     """environment steps per seed"""
     log_every: Annotated[int, AtLeastOne] = 20
@@ -199,6 +200,8 @@ class Args:
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
         if atari.is_envpool(self.env_id):
             self.check_envpool()
+        if host.is_gym(self.env_id):
+            self.check_gym()
         if self.num_envs % self.num_minibatches:
             raise ValueError(
                 f"num_envs={self.num_envs} does not divide into num_minibatches={self.num_minibatches} "
@@ -234,6 +237,17 @@ class Args:
         for bad, message in refused:
             if bad:
                 raise ValueError(f"env_id {self.env_id!r}: {message}")
+
+    def check_gym(self) -> None:
+        """What a gym: id cannot do (common/host.py); the id itself is checked when the env is built."""
+        if self.num_seeds != 1:
+            raise ValueError(
+                f"env_id {self.env_id!r}: num_seeds must be 1, got {self.num_seeds}: a gym: env is stepped on "
+                "the host by an ordered io_callback, which cannot be vmapped over seeds (run each seed as its "
+                "own process with --seed)"
+            )
+        if self.parallel == "data":
+            raise ValueError(f"env_id {self.env_id!r}: --parallel data is not supported: the envs live on the host")
 
     def _check_sebulba(self) -> None:
         """What --architecture sebulba needs, before anything is built (the
@@ -890,14 +904,24 @@ class IMPALA(NamedTuple):
         Any  # (params packed [P], env_state, obs, key) -> ((env_state, obs, key), packed [T, envs_per_actor, F])
     )
     unpack_rollout: Any  # packed rollouts [T, N, F] -> Transition [T, N]
-    actors: Any  # actor id -> (actor_reset, actor_rollout, unpack_rollout) of that actor thread's environments
+    actors: Any  # actor id -> ActorFunctions of that actor thread's environments
 
 
-def actor_functions(args: Args, actor_env, env_params, graphdef: nnx.GraphDef, params_like):
-    """--architecture sebulba: (actor_reset, actor_rollout, unpack_rollout)
-    of one actor thread's environments `actor_env` (envs_per_actor of them).
-    The parameters and the rollouts travel between threads and devices packed
-    (`pack`); `params_like` is the parameters' structure (shape structs)."""
+class ActorFunctions(NamedTuple):
+    """One sebulba actor thread's functions (`actor_functions`) and the environments they step."""
+
+    reset: Any  # key -> (obs [envs_per_actor, *obs_shape], env_state)
+    rollout: Any  # (params packed [P], env_state, obs, key) -> ((env_state, obs, key), packed [T, envs_per_actor, F])
+    unpack_rollout: Any  # packed rollouts [T, N, F] -> Transition [T, N]
+    env: Any  # the envs_per_actor environments (an envpool pool or host envs are this thread's alone)
+
+
+def actor_functions(args: Args, actor_env, env_params, graphdef: nnx.GraphDef, params_like) -> ActorFunctions:
+    """--architecture sebulba: the ActorFunctions (reset, rollout,
+    unpack_rollout) of one actor thread's environments `actor_env`
+    (envs_per_actor of them). The parameters and the rollouts travel between
+    threads and devices packed (`pack`); `params_like` is the parameters'
+    structure (shape structs)."""
 
     def actor_reset(key: jax.Array):
         return actor_env.reset(key, env_params)
@@ -920,7 +944,7 @@ def actor_functions(args: Args, actor_env, env_params, graphdef: nnx.GraphDef, p
 
         return unpack(packed, jax.eval_shape(one, params_like, jax.random.key(0)), 2)
 
-    return actor_reset, actor_rollout, unpack_rollout
+    return ActorFunctions(actor_reset, actor_rollout, unpack_rollout, actor_env)
 
 
 def make_envs(args: Args):
@@ -929,8 +953,10 @@ def make_envs(args: Args):
     their observations, and `make_actor_env(actor_id)`, the envs_per_actor
     environments of a sebulba actor thread. An envpool pool is a stateful
     emulator pool, so each actor thread gets one of its own (role 2 + actor_id:
-    its own seeds, common/atari.py 6), and with --architecture sebulba no pool
-    of num_envs is made (`env` is None: the actors own the games)."""
+    its own seeds, common/atari.py 6); so are a `gym:` id's gymnasium envs
+    (each call makes new ones, common/host.py; their seeds come from the
+    thread's reset key). With --architecture sebulba and either, no num_envs
+    envs are made (`env` is None: the actors own them)."""
     if atari.is_envpool(args.env_id):
         # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py), as ppo.py.
         preprocessing = dict(
@@ -952,8 +978,11 @@ def make_envs(args: Args):
             eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
         return env, None, eval_env, spec, "nature", lambda actor_id: pool(args.envs_per_actor, 2 + actor_id)
     max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
-    probe_env, probe_params = envs.make(args.env_id)
-    probe_spec = envs.spec(probe_env, probe_params)
+    gym = host.is_gym(args.env_id)
+    if gym:  # a gymnasium env stepped on the host from inside jit (common/host.py), as ppo.py
+        probe_spec = host.spec(args.env_id, **max_steps)
+    else:
+        probe_spec = envs.spec(*envs.make(args.env_id))
     image_obs = len(probe_spec.obs_shape) == 3
     torso = args.torso if args.torso != "auto" else ("cnn" if image_obs else "mlp")
     if torso in ("cnn", "nature") and not image_obs:
@@ -966,10 +995,18 @@ def make_envs(args: Args):
             f"torso='nature' needs images of at least 36 x 36 pixels; {args.env_id} observations have shape "
             f"{probe_spec.obs_shape} (MinAtar's 10 x 10: torso='cnn')"
         )
+    if args.capture_video and gym and not image_obs:
+        raise ValueError(
+            f"--capture-video records the image observations of a host env; {args.env_id} observations have "
+            f"shape {probe_spec.obs_shape}"
+        )
     make_env = lambda num: envs.make(args.env_id, num, flatten_obs=torso == "mlp", **max_steps)[0]
-    env, env_params = envs.make(args.env_id, args.num_envs, flatten_obs=torso == "mlp", **max_steps)
+    if gym and args.architecture == "sebulba":  # the actor threads own the host envs (no num_envs of them)
+        env, env_params = None, None
+    else:
+        env, env_params = envs.make(args.env_id, args.num_envs, flatten_obs=torso == "mlp", **max_steps)
     eval_env = make_env(args.eval_episodes)
-    spec = envs.spec(env, env_params)
+    spec = envs.spec(eval_env, env_params)
     if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
         eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
     return env, env_params, eval_env, spec, torso, lambda actor_id: make_env(args.envs_per_actor)
@@ -1097,14 +1134,15 @@ def make_train(args: Args) -> IMPALA:
     @functools.cache
     def actors(actor_id: int):
         """--architecture sebulba: actor thread `actor_id`'s functions on its
-        envs_per_actor environments (envpool: a pool of its own, made on first
-        call; gymnax envs are pure, so every thread shares actor 0's functions)."""
-        if actor_id and not atari.is_envpool(args.env_id):
+        envs_per_actor environments (envpool: a pool of its own; gym: gymnasium
+        envs of its own; both made on first call. gymnax envs are pure, so every
+        thread shares actor 0's functions)."""
+        if actor_id and not (atari.is_envpool(args.env_id) or host.is_gym(args.env_id)):
             return actors(0)
         actor_env = make_actor_env(actor_id) if args.architecture == "sebulba" else env
         return actor_functions(args, actor_env, env_params, graphdef, params_like)
 
-    actor_reset, actor_rollout, unpack_rollout = actors(0)
+    actor_reset, actor_rollout, unpack_rollout, _ = actors(0)
     return IMPALA(
         init,
         update,
@@ -1170,12 +1208,13 @@ class ActorThreads:
         self.produced: list[list[int]] = []  # [actor id, sequence] of every block put in the queue
         self._blocks_left, self._lock = blocks, threading.Lock()
         # Each thread's jitted reset and rollout; threads with the same functions (gymnax
-        # envs) share them, an envpool thread has its own (its pool is named in its programs).
+        # envs) share them, an envpool or gym: thread has its own (its pool, or its host
+        # envs' callbacks, are named in its programs).
         # The env state and observations are the thread's own: updated in place.
         jitted: dict[Any, tuple[Any, Any]] = {}
         self._programs = []
         for actor_id in range(args.num_actor_threads):
-            reset, rollout, _ = algo.actors(actor_id)
+            reset, rollout, _, _ = algo.actors(actor_id)
             if reset not in jitted:
                 jitted[reset] = (
                     jax.jit(reset, compiler_options=runner.RUN_ONCE),

@@ -536,3 +536,49 @@ def test_sebulba_divergence_stops_the_run_with_every_thread_joined(tmp_path):
     assert actor_threads_alive() == []
     (run_dir,) = tmp_path.iterdir()
     assert not (run_dir / "eval.json").exists() and checkpoint.latest_update(run_dir) is None
+
+
+# --------------------------------------------------------------------------- #
+# gymnasium envs stepped on the host (gym: ids, common/host.py)
+# --------------------------------------------------------------------------- #
+def test_gym_id_runs_sebulba_with_2_actor_threads_through_the_cli(tmp_path):
+    """Both actor threads step host envs through the bridge's io_callbacks; every block is learned from once."""
+    out = run_copied_script("impala", ["--preset", "tiny", "--env-id", "gym:CartPole-v1", "--architecture", "sebulba",
+                                       "--num-actor-threads", "2", "--total-timesteps", "1024", "--log-every", "2",
+                                       "--eval-episodes", "1", "--run-root", str(tmp_path)])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "gym:CartPole-v1: sebulba, 2 actor thread(s)" in out.stdout, out.stdout[-2000:]
+    (run_dir,) = tmp_path.iterdir()
+    rows = logger.read_metrics(run_dir)
+    assert list(rows["update"]) == list(range(1, 9)) and np.isfinite(rows["policy_loss"]).all()
+    assert np.nanmin(rows["episode_length"]) >= 1  # CartPole episodes of 9+ steps end in 8 x 32 steps
+    (ledger,) = [json.loads(line) for line in (run_dir / "queue_ledger.jsonl").read_text().splitlines()]
+    assert sorted(c[:2] for c in ledger["consumed"]) == sorted(ledger["produced"])
+    assert {actor for actor, _ in ledger["produced"]} == {0, 1}
+    assert np.isfinite(json.loads((run_dir / "eval.json").read_text())["mean"])
+
+
+def test_gym_id_runs_in_jit_and_gives_each_actor_thread_envs_of_its_own(tmp_path):
+    from jaxzoo import host
+
+    result = impala.main(tiny(tmp_path, env_id="gym:CartPole-v1", total_timesteps=512, log_every=2, eval_episodes=1))
+    assert np.isfinite(result.metrics["policy_loss"]).all() and np.isfinite(result.eval_returns).all()
+    # sebulba: each thread's gymnasium envs are objects of its own, stepped by programs of its own
+    # (gymnax threads share theirs: test_sebulba_steps_atari_with_an_envpool_pool_per_actor_thread).
+    algo = impala.make_train(sebulba(tmp_path, env_id="gym:CartPole-v1"))
+    first, second = (algo.actors(i).env.unwrapped for i in range(2))
+    assert isinstance(first, host.GymnasiumEnv) and first is not second
+    assert len(first.envs) == len(second.envs) == 2 and not {id(e) for e in first.envs} & {id(e) for e in second.envs}
+    assert algo.actors(1).rollout is not algo.actors(0).rollout is algo.actor_rollout
+
+
+def test_gym_ids_refuse_what_ppo_refuses():
+    import inspect
+
+    assert inspect.getsource(impala.Args.check_gym) == inspect.getsource(ppo.Args.check_gym)
+    for overrides, message in [
+        (dict(num_seeds=2), r"num_seeds must be 1, got 2: a gym: env is stepped on the host"),
+        (dict(parallel="data"), r"--parallel data is not supported: the envs live on the host"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            impala.Args(env_id="gym:CartPole-v1", **overrides)
