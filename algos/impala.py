@@ -995,11 +995,6 @@ def make_envs(args: Args):
             f"torso='nature' needs images of at least 36 x 36 pixels; {args.env_id} observations have shape "
             f"{probe_spec.obs_shape} (MinAtar's 10 x 10: torso='cnn')"
         )
-    if args.capture_video and gym and not image_obs:
-        raise ValueError(
-            f"--capture-video records the image observations of a host env; {args.env_id} observations have "
-            f"shape {probe_spec.obs_shape}"
-        )
     make_env = lambda num: envs.make(args.env_id, num, flatten_obs=torso == "mlp", **max_steps)[0]
     if gym and args.architecture == "sebulba":  # the actor threads own the host envs (no num_envs of them)
         env, env_params = None, None

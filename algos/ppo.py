@@ -714,11 +714,6 @@ def make_envs(args: Args):
     )
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp", **max_steps)
     spec = envs.spec(env, env_params)
-    if args.capture_video and host.is_gym(args.env_id) and not image_obs:
-        raise ValueError(
-            f"--capture-video records the image observations of a host env; {args.env_id} observations have "
-            f"shape {probe_spec.obs_shape}"
-        )
     if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
         eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
     return env, env_params, eval_env, spec, torso

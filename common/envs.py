@@ -466,11 +466,14 @@ class RecordEpisode(Wrapper):
 
     def source(self, env_state, obs):
         """One step's entry: env 0's gymnax state, or its observation [H, W, C]
-        (of a stack of grayscale frames, as Atari's, only the newest: [H, W, 1])."""
+        (of a stack of grayscale frames, as Atari's, only the newest: [H, W, 1]),
+        or env 0's observation vector [D] (a `gym:` id with vector observations)."""
         from gymnax.environments.environment import Environment  # on first use (ENV_IDS says why)
 
         if isinstance(self.unwrapped, Environment):
             return jax.tree.map(lambda x: x[0], innermost_state(env_state))
+        if obs.ndim == 2:  # [num_envs, D]: a host env's vectors (gym:CartPole-v1), drawn by jaxzoo.video
+            return obs[0]
         return obs[0] if obs.shape[-1] in (1, 3) else obs[0][..., -1:]
 
     @partial(jax.jit, static_argnames=("self",))

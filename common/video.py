@@ -130,6 +130,12 @@ def frames(env_id: str, entries, length: int) -> tuple[np.ndarray, int]:
     entries = jax.tree.map(lambda x: np.asarray(x)[:length], entries)
     if isinstance(entries, np.ndarray) and entries.ndim == 4:  # image observations of a host env
         return enlarge(to_uint8(entries)), fps_of(env_id)
+    if isinstance(entries, np.ndarray) and entries.ndim == 2:  # vector observations of a host env (gym:<id>)
+        name = env_id.removeprefix("gym:")  # gymnasium's classic control observations are gymnax's
+        if name in CLASSIC_CONTROL:
+            render = jax.jit(jax.vmap(partial(CLASSIC_CONTROL[name], size=SIZE)))
+            return to_uint8(np.asarray(render(jnp.asarray(entries, jnp.float32)))), fps_of(name)
+        return vector_frames(entries), fps_of(name)
     observations = gymnax_observations(env_id, entries)
     if env_id in CLASSIC_CONTROL:
         render = jax.jit(jax.vmap(partial(CLASSIC_CONTROL[env_id], size=SIZE)))

@@ -165,11 +165,23 @@ def test_bad_ids_say_what_is_close_and_what_to_install(monkeypatch):
 
 def test_ppo_runs_a_gym_id_end_to_end(tmp_path):
     args = dataclasses.replace(
-        cli.preset_args(ppo.Args, "ppo", "tiny"), env_id="gym:CartPole-v1", total_timesteps=512, run_root=str(tmp_path)
+        cli.preset_args(ppo.Args, "ppo", "tiny"),
+        env_id="gym:CartPole-v1",
+        total_timesteps=512,
+        run_root=str(tmp_path),
+        capture_video=True,
     )
     result = ppo.main(args)
     assert result.chunk_traces == 1 and np.isfinite(result.metrics["policy_loss"]).all()
     assert np.isfinite(result.metrics["episode_return"]).any() and np.isfinite(result.eval_returns).all()
+    # --capture-video on vector observations: env 0's first greedy episode, one frame a step, drawn by
+    # jaxzoo.video's CartPole renderer (gymnasium's observation is gymnax's), not bars of 4 numbers.
+    import imageio.v3 as iio
+
+    (video,) = tmp_path.glob("*/videos/*-seed0.mp4")
+    frames = iio.imread(video)
+    assert frames.shape[0] == round(float(np.asarray(result.eval_returns).reshape(-1)[0]))
+    assert frames.shape[1] > 100 and (frames[0] < 128).any()  # a drawn cart and pole, not a blank page
     for overrides, message in [
         (dict(num_seeds=2), r"num_seeds must be 1, got 2: a gym: env is stepped on the host"),
         (dict(parallel="data"), r"--parallel data is not supported"),
