@@ -53,6 +53,7 @@ and Discrete.
 
 from __future__ import annotations
 
+import abc
 import importlib
 import queue
 import re
@@ -135,7 +136,7 @@ class HostEnvState:
     obs: jax.Array  # [N, *obs_shape]: the last observation returned
 
 
-class HostEnv:
+class HostEnv(abc.ABC):
     """`num_envs` simulators stepped on the host (module docstring). A subclass
     sets `num_envs`, `spec` (its `obs_shape` is the observation's), `obs_dtype`,
     `role`, `seed` (None: the stream comes from `reset`'s key) and
@@ -159,14 +160,14 @@ class HostEnv:
         return self
 
     # ----- what a simulator defines ------------------------------------------ #
+    @abc.abstractmethod
     def host_start(self, index: int, seed: int) -> np.ndarray:
         """Start a new episode of env `index` from `seed` -> its first observation."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def host_act(self, index: int, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, int]:
         """One agent step of env `index` -> (observation, reward, terminated,
         truncated, environment steps taken)."""
-        raise NotImplementedError
 
     # ----- host side (plain numpy) ------------------------------------------- #
     def start_episode(self, index: int, stream: int, episode: int) -> np.ndarray:
