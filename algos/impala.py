@@ -199,7 +199,7 @@ class Args:
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
         if atari.is_envpool(self.env_id):
-            self.check_envpool()
+            atari.check_args(self)  # what an envpool id cannot do (common/atari.py)
         if host.is_gym(self.env_id):
             self.check_gym()
         if self.num_envs % self.num_minibatches:
@@ -219,24 +219,6 @@ class Args:
             )
         if self.architecture == "sebulba":
             self._check_sebulba()
-
-    def check_envpool(self) -> None:
-        """What an envpool id cannot do (common/atari.py, as ppo.py); the id itself is checked when the env is built."""
-        refused = [
-            (
-                self.num_seeds != 1,
-                f"num_seeds must be 1, got {self.num_seeds}: envpool's XLA calls cannot be vmapped "
-                "over seeds (run each seed as its own process with --seed)",
-            ),
-            (self.parallel == "data", "--parallel data is not supported: the envs live in one envpool pool"),
-            (
-                self.torso not in ("auto", "nature"),
-                f"torso={self.torso!r} is not for Atari frames; accepted: auto, nature",
-            ),
-        ]
-        for bad, message in refused:
-            if bad:
-                raise ValueError(f"env_id {self.env_id!r}: {message}")
 
     def check_gym(self) -> None:
         """What a gym: id cannot do (common/host.py); the id itself is checked when the env is built."""
@@ -959,17 +941,7 @@ def make_envs(args: Args):
     envs are made (`env` is None: the actors own them)."""
     if atari.is_envpool(args.env_id):
         # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py), as ppo.py.
-        preprocessing = dict(
-            frame_skip=args.frame_skip,
-            frame_stack=args.frame_stack,
-            noop_max=args.noop_max,
-            episodic_life=args.episodic_life,
-            fire_reset=args.fire_reset,
-            reward_clip=args.reward_clip,
-            image_size=args.image_size,
-            grayscale=args.grayscale,
-            max_episode_steps=args.max_episode_steps or atari.MAX_EPISODE_STEPS,
-        )
+        preprocessing = atari.preprocessing(args)  # the Args' Atari flags as atari.make's keywords
         pool = lambda num, role: atari.make(args.env_id, num, seed=args.seed, role=role, **preprocessing)[0]
         env = pool(args.num_envs, 0) if args.architecture == "anakin" else None
         eval_env = pool(args.eval_episodes, 1)

@@ -167,8 +167,12 @@ class Args:
 
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
-        if atari.is_envpool(self.env_id):
-            self.check_envpool()
+        if atari.is_envpool(self.env_id):  # what an envpool id cannot do (common/atari.py), normalisation too
+            normalize = (
+                self.normalize_obs or self.normalize_reward,
+                "normalize_obs and normalize_reward are for continuous control",
+            )
+            atari.check_args(self, extra=[normalize])
         if host.is_gym(self.env_id):
             self.check_gym()
         if self.batch_size % self.num_minibatches:
@@ -182,28 +186,6 @@ class Args:
                 f"total_timesteps={self.total_timesteps} is less than one batch "
                 f"(num_envs * num_steps = {self.batch_size}); accepted: total_timesteps >= {self.batch_size}"
             )
-
-    def check_envpool(self) -> None:
-        """What an envpool id cannot do (common/atari.py); the id itself is checked when the env is built."""
-        refused = [
-            (
-                self.num_seeds != 1,
-                f"num_seeds must be 1, got {self.num_seeds}: envpool's XLA calls cannot be vmapped "
-                "over seeds (run each seed as its own process with --seed)",
-            ),
-            (self.parallel == "data", "--parallel data is not supported: the envs live in one envpool pool"),
-            (
-                self.torso not in ("auto", "nature"),
-                f"torso={self.torso!r} is not for Atari frames; accepted: auto, nature",
-            ),
-            (
-                self.normalize_obs or self.normalize_reward,
-                "normalize_obs and normalize_reward are for continuous control",
-            ),
-        ]
-        for bad, message in refused:
-            if bad:
-                raise ValueError(f"env_id {self.env_id!r}: {message}")
 
     def check_gym(self) -> None:
         """What a gym: id cannot do (common/host.py); the id itself is checked when the env is built."""
@@ -670,17 +652,7 @@ def make_envs(args: Args):
     the greedy evaluation's (eval_episodes) and the torso for their observations."""
     if atari.is_envpool(args.env_id):
         # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py).
-        preprocessing = dict(
-            frame_skip=args.frame_skip,
-            frame_stack=args.frame_stack,
-            noop_max=args.noop_max,
-            episodic_life=args.episodic_life,
-            fire_reset=args.fire_reset,
-            reward_clip=args.reward_clip,
-            image_size=args.image_size,
-            grayscale=args.grayscale,
-            max_episode_steps=args.max_episode_steps or atari.MAX_EPISODE_STEPS,
-        )
+        preprocessing = atari.preprocessing(args)  # the Args' Atari flags as atari.make's keywords
         env, env_params = atari.make(args.env_id, args.num_envs, seed=args.seed, **preprocessing)
         eval_env, _ = atari.make(args.env_id, args.eval_episodes, seed=args.seed, role=1, **preprocessing)
         if args.capture_video:  # the newest frame at each step of env 0's first game (jaxzoo.video)

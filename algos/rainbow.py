@@ -185,7 +185,7 @@ class Args:
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
         if atari.is_envpool(self.env_id):
-            self.check_envpool()
+            atari.check_args(self)  # what an envpool id cannot do (common/atari.py)
         if self.train_frequency % self.num_envs:
             raise ValueError(
                 f"train_frequency={self.train_frequency} must be a multiple of num_envs={self.num_envs} "
@@ -225,24 +225,6 @@ class Args:
                 f"learning_starts={self.learning_starts} is not below {budget}: no gradient step would be "
                 f"taken; accepted: learning_starts < {run_steps}"
             )
-
-    def check_envpool(self) -> None:
-        """What an envpool id cannot do (common/atari.py); the id itself is checked when the env is built."""
-        refused = [
-            (
-                self.num_seeds != 1,
-                f"num_seeds must be 1, got {self.num_seeds}: envpool's XLA calls cannot be vmapped "
-                "over seeds (run each seed as its own process with --seed)",
-            ),
-            (self.parallel == "data", "--parallel data is not supported: the envs live in one envpool pool"),
-            (
-                self.torso not in ("auto", "nature"),
-                f"torso={self.torso!r} is not for Atari frames; accepted: auto, nature",
-            ),
-        ]
-        for bad, message in refused:
-            if bad:
-                raise ValueError(f"env_id {self.env_id!r}: {message}")
 
     @property
     def num_updates(self) -> int:
@@ -711,15 +693,7 @@ def make_envs(args: Args):
     if atari.is_envpool(args.env_id):
         # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py), 84x84 grayscale
         # frames as uint8; the logged episode is the whole game, unclipped.
-        preprocessing = dict(
-            frame_skip=args.frame_skip,
-            frame_stack=args.frame_stack,
-            noop_max=args.noop_max,
-            episodic_life=args.episodic_life,
-            fire_reset=args.fire_reset,
-            reward_clip=args.reward_clip,
-            max_episode_steps=args.max_episode_steps or atari.MAX_EPISODE_STEPS,
-        )
+        preprocessing = atari.preprocessing(args)  # the Args' Atari flags as atari.make's keywords
         env, env_params = atari.make(args.env_id, args.num_envs, seed=args.seed, **preprocessing)
         eval_env, _ = atari.make(args.env_id, args.eval_episodes, seed=args.seed, role=1, **preprocessing)
         if args.capture_video:  # the newest frame at each step of env 0's first game (jaxzoo.video)

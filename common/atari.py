@@ -70,6 +70,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import jax
@@ -123,6 +124,39 @@ def parse(env_id: str) -> str:
             f"unknown envpool Atari id {env_id!r}{envs.did_you_mean(env_id, known)}; valid ids: {', '.join(known)}"
         )
     return task
+
+
+def check_args(args: Any, extra: Iterable[tuple[bool, str]] = ()) -> None:
+    """Refuse what an algorithm's Args cannot do with an envpool id, before
+    anything is built (the id itself is checked when the env is built): several
+    seeds (module docstring, 7), --parallel data, a torso not for frames; then
+    the algorithm's own `extra` (refused, message) pairs."""
+    refused = [
+        (
+            args.num_seeds != 1,
+            f"num_seeds must be 1, got {args.num_seeds}: envpool's XLA calls cannot be vmapped "
+            "over seeds (run each seed as its own process with --seed)",
+        ),
+        (args.parallel == "data", "--parallel data is not supported: the envs live in one envpool pool"),
+        (
+            args.torso not in ("auto", "nature"),
+            f"torso={args.torso!r} is not for Atari frames; accepted: auto, nature",
+        ),
+        *extra,
+    ]
+    for bad, message in refused:
+        if bad:
+            raise ValueError(f"env_id {args.env_id!r}: {message}")
+
+
+def preprocessing(args: Any) -> dict[str, Any]:
+    """`make`'s preprocessing keywords from an algorithm's Args: its fields named
+    as `Preprocessing`'s (one an Args lacks stays at the default: rainbow.py has
+    no image_size or grayscale) and the time limit, `args.max_episode_steps` or
+    envpool's when 0."""
+    settings = {name: getattr(args, name) for name in Preprocessing._fields if hasattr(args, name)}
+    settings["max_episode_steps"] = args.max_episode_steps or MAX_EPISODE_STEPS
+    return settings
 
 
 class Preprocessing(NamedTuple):
