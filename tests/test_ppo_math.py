@@ -201,3 +201,35 @@ def test_policies_are_distrax_distributions_with_the_paper_formulas():
     samples = jax.vmap(lambda k: dist.sample(seed=k))(jax.random.split(keys[3], 20000))  # [20000, 5, 2]
     np.testing.assert_allclose(samples.mean(0), mean, atol=0.05)
     np.testing.assert_allclose(samples.std(0), jnp.broadcast_to(std, mean.shape), rtol=0.05)
+
+
+@pytest.mark.parametrize("max_episode_steps", [6, 500])
+def test_shared_torso_values_from_the_rollout_equal_the_batched_pass(max_episode_steps):
+    """With a shared torso, V(s_t) comes from the acting pass and V(s'_t) from
+    the next step's value, with V(final_obs) only at truncations (a rollout of
+    CartPole cut every 6 steps has many; one of 500 steps has none, so the
+    lax.cond branch that skips the pass runs). GAE's advantages and returns
+    equal those of the batched pass over obs and final_obs."""
+    from flax import nnx
+
+    from jaxzoo.algos.ppo import ActorCritic, collect_rollout, make_envs, make_train, rollout_values
+
+    args = Args(num_envs=4, num_steps=24, total_timesteps=96, shared_torso=True, max_episode_steps=max_episode_steps)
+    env, env_params, _, spec, torso = make_envs(args)
+    state = make_train(args).init(jax.random.key(1))
+    model = ActorCritic(spec, torso, args.hidden_sizes, args.activation, True, nnx.Rngs(0))
+    graphdef = nnx.graphdef(model)
+    (_, last_obs, _), traj = collect_rollout(env, env_params, graphdef, state, args.num_steps)
+    assert traj.value is not None
+    assert bool(traj.truncated.any()) == (max_episode_steps == 6)
+    assert bool(traj.terminated.any()) or max_episode_steps == 6  # 24 random CartPole steps end some episodes
+
+    model = nnx.merge(graphdef, state.params)
+    values, next_values = rollout_values(model, traj, last_obs)
+    batched_values, batched_next = model.value(jnp.stack([traj.obs, traj.final_obs]))
+    np.testing.assert_allclose(values, batched_values, rtol=1e-5, atol=1e-6)
+    used = ~traj.terminated  # GAE multiplies V(s'_t) by 0 after a termination
+    np.testing.assert_allclose(jnp.where(used, next_values, 0), jnp.where(used, batched_next, 0), rtol=1e-5, atol=1e-6)
+    gae = lambda v, nv: compute_gae(traj.reward, v, nv, traj.terminated, traj.truncated, 0.99, 0.95)
+    for ours, batched in zip(gae(values, next_values), gae(batched_values, batched_next)):
+        np.testing.assert_allclose(ours, batched, rtol=1e-5, atol=1e-5)
