@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every IMPALA / APPO number and curve in docs/impala.md comes from this script.
-#   bash benchmarks/impala.sh [cartpole|appo|rllib|lag|sebulba|breakout-minatar|all]
+#   bash benchmarks/impala.sh [cartpole|appo|rllib|lag|sebulba|breakout-minatar[-impala|-ppo]|all]
 # SEEDS (default 2) sets the seed count of the breakout-minatar runs.
 # Runs go to benchmarks/out/impala/<part>/, curves to docs/img/, and
 # benchmarks/summarize.py prints the results table from the run directories.
@@ -96,13 +96,19 @@ fi
 # IMPALA's breakout-minatar preset beside ppo.py's (same envs, rollout length and network,
 # 10M env steps each, SEEDS seeds vmapped in one process each), then both curves against
 # env steps and against the training loop's wall seconds.
-if [[ $what == breakout-minatar || $what == all ]]; then
+# `breakout-minatar-impala` or `breakout-minatar-ppo` runs one half alone (then plots both).
+if [[ $what == breakout-minatar* || $what == all ]]; then
   seeds=${SEEDS:-2}
-  rm -rf "${OUT:?}/breakout-minatar-impala" "${OUT:?}/breakout-minatar-ppo"
-  /usr/bin/time -f "breakout-minatar-impala: %e s wall" $PY algos/impala.py --preset breakout-minatar \
-    --num-seeds "$seeds" --run-root "$OUT/breakout-minatar-impala" --exp-name impala-minatar
-  /usr/bin/time -f "breakout-minatar-ppo: %e s wall" $PY algos/ppo.py --preset breakout-minatar \
-    --num-seeds "$seeds" --run-root "$OUT/breakout-minatar-ppo" --exp-name ppo-minatar
+  if [[ $what != breakout-minatar-ppo ]]; then
+    rm -rf "${OUT:?}/breakout-minatar-impala"
+    /usr/bin/time -f "breakout-minatar-impala: %e s wall" $PY algos/impala.py --preset breakout-minatar \
+      --num-seeds "$seeds" --run-root "$OUT/breakout-minatar-impala" --exp-name impala-minatar
+  fi
+  if [[ $what != breakout-minatar-impala ]]; then
+    rm -rf "${OUT:?}/breakout-minatar-ppo"
+    /usr/bin/time -f "breakout-minatar-ppo: %e s wall" $PY algos/ppo.py --preset breakout-minatar \
+      --num-seeds "$seeds" --run-root "$OUT/breakout-minatar-ppo" --exp-name ppo-minatar
+  fi
   $PY - "$OUT" "$seeds" <<'PLOT'
 import sys
 from pathlib import Path

@@ -224,8 +224,11 @@ def test_documented_presets_exist():
     ours, ppos = cli.preset_args(impala.Args, "impala", "breakout-minatar"), cli.preset_args(ppo.Args, "ppo",
                                                                                               "breakout-minatar")
     for name in ("env_id", "total_timesteps", "num_envs", "num_steps", "torso", "hidden_sizes", "activation",
-                 "shared_torso", "num_minibatches", "gamma", "ent_coef", "max_grad_norm", "log_every"):
+                 "shared_torso", "gamma", "max_grad_norm", "log_every"):
         assert getattr(ours, name) == getattr(ppos, name), name
+    # Its learner differs (configs/impala.toml says why): each sample once, in as many gradient steps as PPO's.
+    assert ours.update_epochs * ours.num_minibatches == ppos.update_epochs * ppos.num_minibatches == 32
+    assert (ours.update_epochs, ours.ent_coef) == (1, 0.03)
 
 
 # --------------------------------------------------------------------------- #
