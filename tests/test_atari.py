@@ -226,6 +226,8 @@ def test_args_refuse_what_an_envpool_id_cannot_do():
         (dict(num_seeds=2), r"num_seeds must be 1, got 2: envpool's XLA calls cannot be vmapped"),
         (dict(parallel="data"), r"--parallel data is not supported"),
         (dict(torso="cnn"), r"torso='cnn' is not for Atari frames; accepted: auto, nature"),
+        (dict(normalize_obs=True), r"normalize_obs and normalize_reward are for continuous control"),
+        (dict(normalize_reward=True), r"normalize_obs and normalize_reward are for continuous control"),
     ]:
         with pytest.raises(ValueError, match=message):
             dataclasses.replace(cli.preset_args(ppo.Args, "ppo", "tiny-atari"), **overrides)
