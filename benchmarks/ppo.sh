@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every PPO number and curve in docs/ppo.md comes from this script.
-#   bash benchmarks/ppo.sh [cartpole|pendulum|rllib|breakout|space-invaders|minatar|timing|all]
+#   bash benchmarks/ppo.sh [cartpole|pendulum|rllib|breakout|space-invaders|minatar|atari|timing|all]
 # MINATAR_SEEDS (default 4) sets the seed count of the two MinAtar runs.
 # Runs go to benchmarks/out/ppo/<preset>/, curves to docs/img/, and
 # benchmarks/summarize.py prints the results table from the run directories.
@@ -25,6 +25,25 @@ if [[ $what == pendulum || $what == all ]]; then curve pendulum 4; fi
 if [[ $what == rllib || $what == all ]]; then curve rllib 4; fi
 if [[ $what == breakout || $what == minatar || $what == all ]]; then curve breakout-minatar "${MINATAR_SEEDS:-4}"; fi
 if [[ $what == space-invaders || $what == minatar || $what == all ]]; then curve space-invaders-minatar "${MINATAR_SEEDS:-4}"; fi
+# Breakout from pixels, the atari preset (envpool; one seed per process), ATARI_SEEDS seeds
+# (default 2), ATARI_STEPS agent steps each (default 2,500,000 = 10M frames at frame skip 4,
+# about 2 hours a seed on the idle 2-core Xeon). Not part of `all`. Running it again resumes
+# each seed's unfinished run from its last checkpoint (every 100 updates) and skips
+# finished ones, so the curve can be built over several sittings.
+if [[ $what == atari ]]; then
+  for seed in $(seq 0 $((${ATARI_SEEDS:-2} - 1))); do
+    root="$OUT/atari/seed$seed"
+    last=$(ls -d "$root"/*/ 2>/dev/null | tail -1 || true)
+    if [[ -z $last ]]; then
+      $PY algos/ppo.py --preset atari --seed "$seed" --total-timesteps "${ATARI_STEPS:-2500000}" \
+        --run-root "$root" --exp-name ppo-atari
+    elif [[ ! -f $last/eval.json ]]; then
+      $PY algos/ppo.py --resume "$last"
+    fi
+  done
+  $PY -m jaxzoo.plot "$OUT"/atari/seed*/* --metric game_score --out docs/img/ppo_atari_breakout.png \
+    --title "PPO, Breakout (envpool, atari preset), game score"
+fi
 if [[ $what == timing || $what == all ]]; then
   : "${PUREJAXRL:?set PUREJAXRL to the directory holding the PureJaxRL ppo.py}"
   # PureJaxRL's ppo.py as shipped prints every episode (DEBUG=True); ppo_nodebug.py
