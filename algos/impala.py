@@ -201,7 +201,7 @@ class Args:
         if atari.is_envpool(self.env_id):
             atari.check_args(self)  # what an envpool id cannot do (common/atari.py)
         if host.is_gym(self.env_id):
-            self.check_gym()
+            host.check_args(self)  # what a gym: id cannot do (common/host.py)
         if self.num_envs % self.num_minibatches:
             raise ValueError(
                 f"num_envs={self.num_envs} does not divide into num_minibatches={self.num_minibatches} "
@@ -219,17 +219,6 @@ class Args:
             )
         if self.architecture == "sebulba":
             self._check_sebulba()
-
-    def check_gym(self) -> None:
-        """What a gym: id cannot do (common/host.py); the id itself is checked when the env is built."""
-        if self.num_seeds != 1:
-            raise ValueError(
-                f"env_id {self.env_id!r}: num_seeds must be 1, got {self.num_seeds}: a gym: env is stepped on "
-                "the host by an ordered io_callback, which cannot be vmapped over seeds (run each seed as its "
-                "own process with --seed)"
-            )
-        if self.parallel == "data":
-            raise ValueError(f"env_id {self.env_id!r}: --parallel data is not supported: the envs live on the host")
 
     def _check_sebulba(self) -> None:
         """What --architecture sebulba needs, before anything is built (the

@@ -174,7 +174,7 @@ class Args:
             )
             atari.check_args(self, extra=[normalize])
         if host.is_gym(self.env_id):
-            self.check_gym()
+            host.check_args(self)  # what a gym: id cannot do (common/host.py)
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"the batch num_envs * num_steps = {self.num_envs} * {self.num_steps} = "
@@ -186,17 +186,6 @@ class Args:
                 f"total_timesteps={self.total_timesteps} is less than one batch "
                 f"(num_envs * num_steps = {self.batch_size}); accepted: total_timesteps >= {self.batch_size}"
             )
-
-    def check_gym(self) -> None:
-        """What a gym: id cannot do (common/host.py); the id itself is checked when the env is built."""
-        if self.num_seeds != 1:
-            raise ValueError(
-                f"env_id {self.env_id!r}: num_seeds must be 1, got {self.num_seeds}: a gym: env is stepped on "
-                "the host by an ordered io_callback, which cannot be vmapped over seeds (run each seed as its "
-                "own process with --seed)"
-            )
-        if self.parallel == "data":
-            raise ValueError(f"env_id {self.env_id!r}: --parallel data is not supported: the envs live on the host")
 
     @property
     def batch_size(self) -> int:

@@ -281,6 +281,20 @@ def is_gym(env_id: str) -> bool:
     return env_id.startswith(PREFIX)
 
 
+def check_args(args: Any) -> None:
+    """Refuse what an algorithm's Args cannot do with a gym: id, before anything
+    is built (the id itself is checked when the env is built): several seeds
+    (the ordered io_callback cannot be vmapped) and --parallel data."""
+    if args.num_seeds != 1:
+        raise ValueError(
+            f"env_id {args.env_id!r}: num_seeds must be 1, got {args.num_seeds}: a gym: env is stepped on "
+            "the host by an ordered io_callback, which cannot be vmapped over seeds (run each seed as its "
+            "own process with --seed)"
+        )
+    if args.parallel == "data":
+        raise ValueError(f"env_id {args.env_id!r}: --parallel data is not supported: the envs live on the host")
+
+
 def parse(env_id: str) -> str:
     """'gym:CartPole-v1' -> 'CartPole-v1' once it is in gymnasium's registry
     (importing the package of a namespace or of a 'module:Id' first), with a
