@@ -22,8 +22,12 @@ VecNormalize and PureJaxRL.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
+import importlib
+import sys
+import types
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -40,10 +44,49 @@ _DOWNLOADS_DATA = ("MNISTBandit-bsuite",)
 ENV_IDS: tuple[str, ...]  # every gymnax id that builds without a download (module __getattr__)
 
 
+class _DeferredModule(types.ModuleType):
+    """Stands in for a module while gymnax is imported; the first attribute
+    read imports the real module and answers from it."""
+
+    def __getattr__(self, attribute: str):
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attribute)
+
+
+@contextlib.contextmanager
+def _deferred(*names: str):
+    """`names` import on first use inside this block (those not yet imported)."""
+    stand_ins = {name: _DeferredModule(name) for name in names if name not in sys.modules}
+    sys.modules.update(stand_ins)
+    try:
+        yield
+    finally:
+        for name, stand_in in stand_ins.items():
+            if sys.modules.get(name) is stand_in:
+                del sys.modules[name]
+
+
+@functools.cache
+def import_gymnax() -> types.ModuleType:
+    """gymnax, imported here and only here (ENV_IDS says why not at module level).
+
+    gymnax 1.0.1's environment modules (bsuite/catch.py, misc/pong.py, rooms,
+    point_robot, meta_maze) import matplotlib.pyplot and seaborn (with scipy and
+    pandas behind it) at module level, for their `render` methods alone. That
+    was 1.14 s of gymnax's 1.47 s import on the 2-core Xeon, idle: about a tenth
+    of a whole `ppo.py --preset cartpole` process, paid by every run. Imported
+    with those two deferred, gymnax takes 0.33 s; its modules keep a stand-in
+    that imports the real library when a render method first touches it.
+    """
+    with _deferred("matplotlib.pyplot", "seaborn"):
+        import gymnax
+    return gymnax
+
+
 @functools.cache
 def env_ids() -> tuple[str, ...]:
-    import gymnax
-
+    gymnax = import_gymnax()
     return tuple(e for e in gymnax.registered_envs if e not in _DOWNLOADS_DATA)
 
 
@@ -55,6 +98,7 @@ def __getattr__(name: str):
 
 def _spaces():
     """gymnax's spaces module (imported on first use, see ENV_IDS)."""
+    import_gymnax()
     from gymnax.environments import spaces
 
     return spaces
@@ -311,9 +355,7 @@ def make(
             env_id, num_envs, flatten_obs=flatten_obs, max_episode_steps=max_episode_steps, **env_kwargs
         )
         return normalized(env, normalize_obs, normalize_reward, gamma), env_params
-    import gymnax
-
-    env, env_params = gymnax.make(env_id, **env_kwargs)
+    env, env_params = import_gymnax().make(env_id, **env_kwargs)
     if max_episode_steps is not None:
         # Of the env's own type: BernoulliBandit's limit is a float, and its
         # observation space selects between the limit and other floats.
@@ -468,6 +510,7 @@ class RecordEpisode(Wrapper):
         """One step's entry: env 0's gymnax state, or its observation [H, W, C]
         (of a stack of grayscale frames, as Atari's, only the newest: [H, W, 1]),
         or env 0's observation vector [D] (a `gym:` id with vector observations)."""
+        import_gymnax()
         from gymnax.environments.environment import Environment  # on first use (ENV_IDS says why)
 
         if isinstance(self.unwrapped, Environment):

@@ -193,6 +193,7 @@ class PixelObservation(envs.Wrapper):
         self.image_shape = image_shape
 
     def observation_space(self, params):
+        envs.import_gymnax()
         from gymnax.environments import spaces  # on first use (jaxzoo.envs.ENV_IDS says why)
 
         return spaces.Box(0.0, 1.0, self.image_shape, jnp.float32)

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxzoo import pixels
+from jaxzoo import envs, pixels
 
 SIZE = 256  # frame side in pixels for the drawn renderers
 INSTALL = 'pip install -e ".[video]"'  # the extra that installs the writer
@@ -63,9 +63,7 @@ def gymnax_observations(env_id: str, states) -> np.ndarray:
     """The raw gymnax observations [T, ...] of recorded env states (leaves
     [T, ...]); for an env without `get_obs` (FrozenLake), the state's own
     numbers, flattened [T, D]."""
-    import gymnax
-
-    env, params = gymnax.make(env_id)
+    env, params = envs.import_gymnax().make(env_id)
     length = jax.tree.leaves(states)[0].shape[0]
     try:
         try:
