@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# Issue 29, first step: what holds UniZero and UniZero-PPO back on Breakout-MinAtar.
+# One short GPU call: every configuration below starts at once as its own process (one GPU,
+# XLA_PYTHON_CLIENT_PREALLOCATE=false so they share its memory), one seed each (SEEDS=n vmaps n),
+# 500k env steps each, all cut by `timeout` so that the whole script ends within the budget;
+# metrics.csv is written as each run goes, so a cut run still reports how far it got.
+#
+#   bash benchmarks/unizero_minatar_sweep.sh [budget_s=280] [out_dir=benchmarks/out/unizero_minatar_sweep]
+#
+# Configurations: the `breakout-minatar` preset of each file (baseline) and one change at a
+# time, each testing one hypothesis (docs/unizero_ppo.md); PPO's preset cut to
+# 500k steps (its learning rate anneals over those 500k, as in docs/unizero_ppo.md) is the
+# reference. EXTRA=1 adds four more (embed 128, no KL stop, replay ratio 0.5, 10-step windows).
+# UniZero-PPO's preset was heads-only when docs/data/unizero_minatar_sweep/ was measured (its
+# `uzppo_base` row); the preset is now end to end, so that row is `uzppo_heads_only` here and
+# the other UniZero-PPO rows now test their change on top of the end-to-end preset.
+# SMOKE=1 swaps every preset for `tiny` and 2,000 steps: a check that the script runs and
+# prints, on any machine (its numbers mean nothing).
+#
+# Output in out_dir: summary.txt (the table printed at the end), all_metrics.csv (every run's
+# metrics.csv with a `run` column in front), logs_tail.txt (the last lines of every log), and
+# runs/<name>/ (run directories, <name>.log, <name>.rc). The top-level files are few and one
+# folder down at most, so out_dir=$OUT brings them back from the device machine.
+#
+# If `jaxzoo` is not importable (a bare device machine), the wheels in .whl/ are installed into
+# a temporary folder and `jaxzoo` is mapped onto this checkout (common/, algos/, configs/)
+# without building anything.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+start_all=$SECONDS
+budget=${1:-280}
+OUT=${2:-benchmarks/out/unizero_minatar_sweep}
+PY=${PYTHON:-python}
+command -v "$PY" > /dev/null || PY=python3
+SEEDS=${SEEDS:-1}
+mkdir -p "$OUT/runs"
+OUT=$(cd "$OUT" && pwd)
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+
+# ---- set-up on a bare machine --------------------------------------------------------------
+if ! "$PY" -c "import jaxzoo.configs, gymnax, mctx, distrax, tyro" 2> /dev/null; then
+  site=$(mktemp -d /tmp/jaxzoo_site.XXXX)
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
+      || echo "warning: installing .whl/*.whl failed" >&2
+  fi
+  if ! PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c "import jaxzoo.configs" 2> /dev/null; then
+    # jaxzoo = common/, with jaxzoo.algos and jaxzoo.configs found in the checkout's root.
+    mkdir -p "$site/jaxzoo"
+    printf '"""jaxzoo mapped onto %s (benchmarks/unizero_minatar_sweep.sh)."""\n__path__ = ["%s", "%s"]\n' \
+      "$REPO" "$REPO/common" "$REPO" > "$site/jaxzoo/__init__.py"
+  fi
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+"$PY" -c "import jax, jaxzoo.configs; print('jax', jax.__version__, jax.devices())" 2>&1 | tail -1 | tee "$OUT/device.txt"
+
+# ---- the configurations: name | file | flags after the preset ----------------------------
+# Rows: UniZero-PPO phases are 16 x 50 = 800 steps (log_every 10: a chunk per 8,000 steps),
+# UniZero updates 8 x 25 = 200 (log_every 5: per 1,000), PPO updates 64 x 128 = 8,192 (log_every
+# 2: per 16,384); metrics.csv has one row per update. Greedy evaluations every ~100k steps.
+CONFIGS=(
+  "ppo_ref|ppo|"
+  "uzppo_heads_only|unizero_ppo|--ppo-heads-only"
+  "uzppo_e2e|unizero_ppo|--no-ppo-heads-only"
+  "uzppo_temp1|unizero_ppo|--sampling-temperature 1.0"
+  "uzppo_lr1e-3|unizero_ppo|--learning-rate 1e-3"
+  "uzppo_gamma0.99|unizero_ppo|--gamma 0.99"
+  "uz_base|unizero|"
+  "uz_lr3e-4|unizero|--learning-rate 3e-4"
+  "uz_puct25|unizero|--search-policy puct --num-simulations 25"
+)
+if [[ ${EXTRA:-0} == 1 ]]; then
+  CONFIGS+=(
+    "uzppo_embed128|unizero_ppo|--embed-dim 128"
+    "uzppo_nokl|unizero_ppo|--target-kl 0"
+    "uz_rr0.5|unizero|--replay-ratio 0.5"
+    "uz_unroll10|unizero|--num-unroll-steps 10"
+  )
+fi
+declare -A DEFAULT_FLAGS=(
+  [ppo]="--log-every 2 --eval-every 12"
+  [unizero_ppo]="--log-every 10 --eval-every 125"
+  [unizero]="--log-every 5 --eval-every 500"
+)
+
+# ---- launch everything at once -----------------------------------------------------------
+reserve=25 # the summary, and the 10 s between SIGTERM (checkpoint-free stop at a chunk boundary) and SIGKILL
+run_limit=$(( budget - (SECONDS - start_all) - reserve ))
+(( run_limit >= 20 )) || { echo "budget $budget s leaves only $run_limit s for the runs" >&2; exit 2; }
+echo "== ${#CONFIGS[@]} runs at once, ${run_limit} s each at most, SEEDS=$SEEDS${SMOKE:+, SMOKE}" | tee "$OUT/summary.txt"
+for config in "${CONFIGS[@]}"; do
+  IFS='|' read -r name algo flags <<< "$config"
+  if [[ ${SMOKE:-0} == 1 ]]; then
+    preset_flags="--preset tiny --env-id Breakout-MinAtar --total-timesteps 2000 --log-every 2"
+  else
+    preset_flags="--preset breakout-minatar --total-timesteps 500000 ${DEFAULT_FLAGS[$algo]}"
+  fi
+  cmd="$PY algos/$algo.py $preset_flags $flags --exp-name sweep-$name --num-seeds $SEEDS --no-save-model --run-root $OUT/runs/$name"
+  echo "$name: $cmd" >> "$OUT/summary.txt"
+  (
+    echo "$cmd"
+    timeout -k 10 "$run_limit" $cmd
+    echo $? > "$OUT/runs/$name.rc"
+  ) > "$OUT/runs/$name.log" 2>&1 &
+done
+wait
+
+# ---- summary -----------------------------------------------------------------------------
+for config in "${CONFIGS[@]}"; do
+  name=${config%%|*}
+  echo "== $name (exit $(cat "$OUT/runs/$name.rc" 2> /dev/null || echo '?'))"
+  tail -n 8 "$OUT/runs/$name.log"
+done > "$OUT/logs_tail.txt" 2>&1
+
+names=$(for config in "${CONFIGS[@]}"; do printf '%s ' "${config%%|*}"; done)
+"$PY" - "$OUT" $names << 'EOF' | tee -a "$OUT/summary.txt"
+"""One line per run: how far it got, its training returns near 100k steps and over its last
+20k steps (means over the episodes that ended there), its greedy evaluations, and the
+diagnostics that the hypotheses predict (means over the last 20k steps)."""
+import csv, glob, json, math, os, sys
+
+out, names = sys.argv[1], sys.argv[2:]
+
+
+def num(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def episode_mean(rows, lo, hi):
+    """Episode-weighted mean return of the rows with lo < global_step <= hi."""
+    total = count = 0.0
+    for r in rows:
+        if lo < r["global_step"] <= hi and not math.isnan(r.get("episode_return", math.nan)):
+            n = r.get("episodes_finished", 1.0)
+            n = 1.0 if math.isnan(n) else n
+            total, count = total + n * r["episode_return"], count + n
+    return total / count if count else math.nan
+
+
+def mean_of(rows, key, lo):
+    vals = [r[key] for r in rows if r["global_step"] > lo and key in r and not math.isnan(r[key])]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+fmt = lambda x, p=2: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{p}f}"
+diagnostics = ["entropy", "policy_entropy", "search_entropy", "explained_variance", "gradient_steps_run",
+               "approx_kl", "clip_fraction", "latent_loss", "value_loss", "grad_norm"]
+all_rows, columns = [], ["run"]
+header = f"{'run':16} {'exit':>4} {'steps':>7} {'wall_s':>6} {'sps':>7} {'R80-100k':>8} {'R_last20k':>9} {'eval~100k':>9} {'eval_last(step)':>16} {'final':>6}"
+print(header)
+details = []
+for name in names:
+    rc = open(f"{out}/runs/{name}.rc").read().strip() if os.path.exists(f"{out}/runs/{name}.rc") else "?"
+    paths = sorted(glob.glob(f"{out}/runs/{name}/*/metrics.csv"))
+    if not paths:
+        print(f"{name:16} {rc:>4} no metrics.csv (see logs_tail.txt)")
+        continue
+    run_dir = os.path.dirname(paths[-1])
+    with open(paths[-1], newline="") as f:
+        raw = list(csv.DictReader(f))
+    for r in raw:
+        all_rows.append({"run": name, **r})
+        columns += [c for c in r if c not in columns]
+    # Several seeds (SEEDS > 1): average the seeds' rows of each update.
+    by_step = {}
+    for r in raw:
+        by_step.setdefault(int(r["global_step"]), []).append({k: num(v) for k, v in r.items()})
+    rows = []
+    for step in sorted(by_step):
+        group = by_step[step]
+        merged = {}
+        for k in group[0]:
+            vals = [g[k] for g in group if not math.isnan(g[k])]
+            merged[k] = sum(vals) / len(vals) if vals else math.nan
+        merged["global_step"] = step
+        if "episode_return" in merged and "episodes_finished" in merged:
+            finished = [g for g in group if not math.isnan(g.get("episode_return", math.nan))]
+            n = sum(g.get("episodes_finished", 1.0) for g in finished)
+            merged["episode_return"] = (
+                sum(g.get("episodes_finished", 1.0) * g["episode_return"] for g in finished) / n if n else math.nan
+            )
+            merged["episodes_finished"] = n
+        rows.append(merged)
+    last = rows[-1]["global_step"]
+    evals = [(r["global_step"], r["eval_return"]) for r in rows if not math.isnan(r.get("eval_return", math.nan))]
+    near = [e for s, e in evals if 90_000 <= s <= 110_000]
+    final = math.nan
+    if os.path.exists(f"{run_dir}/eval.json"):
+        final = json.load(open(f"{run_dir}/eval.json")).get("mean", math.nan)
+    sps = mean_of(rows, "steps_per_second", last - 20_000)
+    print(
+        f"{name:16} {rc:>4} {last:>7} {fmt(rows[-1].get('wall_seconds'), 0):>6} {fmt(sps, 0):>7} "
+        f"{fmt(episode_mean(rows, 80_000, 100_000) if last >= 100_000 else math.nan):>8} "
+        f"{fmt(episode_mean(rows, last - 20_000, last)):>9} {fmt(near[0] if near else math.nan):>9} "
+        f"{(fmt(evals[-1][1]) + f'({evals[-1][0]})') if evals else '-':>16} {fmt(final):>6}"
+    )
+    # Training return along the way (per 50k steps) and the diagnostics over the last 20k.
+    curve = " ".join(f"{k // 1000}k:{fmt(episode_mean(rows, k - 50_000, k), 1)}" for k in range(50_000, last + 1, 50_000))
+    diag = " ".join(f"{k}={fmt(mean_of(rows, k, last - 20_000), 3)}" for k in diagnostics if k in rows[-1])
+    details.append(f"{name}: {curve or '(under 50k steps)'}\n    {diag}")
+print("\n".join(details))
+if all_rows:
+    with open(f"{out}/all_metrics.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns, restval="")
+        writer.writeheader()
+        writer.writerows(all_rows)
+EOF
+echo "whole script: $(( SECONDS - start_all )) s of a $budget s budget" | tee -a "$OUT/summary.txt"
