@@ -29,7 +29,7 @@ measure ppo "--preset breakout-minatar --num-seeds 4" "8 updates" --preset break
 measure ppo "--preset atari" "5 updates" --preset atari --total-timesteps 5120 --checkpoint-every 5
 measure rainbow "python algos/rainbow.py (1 seed)" "50k steps" --total-timesteps 50000
 measure rainbow "--preset breakout-minatar --num-seeds 2" "20k steps" --preset breakout-minatar --num-seeds 2 --total-timesteps 20000
-measure rainbow "--preset atari" "learning_starts + 2k steps" --preset atari --total-timesteps 22000
+measure rainbow "--preset atari" "3 updates of 10k steps (learning starts at 20k)" --preset atari --total-timesteps 30000
 measure mpo "--preset pendulum --num-seeds 4" "10k steps" --preset pendulum --num-seeds 4 --total-timesteps 10000
 measure impala "python algos/impala.py --num-seeds 4 (cartpole)" "100k steps" --num-seeds 4 --total-timesteps 100000
 measure impala "--preset breakout-minatar --num-seeds 2" "10 updates" --preset breakout-minatar --num-seeds 2 --total-timesteps 81920
