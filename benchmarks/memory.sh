@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_FILE=${1:-benchmarks/out/memory.tsv}
 PY=${PYTHON:-python}
-ROOT=$(mktemp -d /tmp/jaxzoo-memory.XXXX)
+ROOT=$(mktemp -d)
 mkdir -p "$(dirname "$OUT_FILE")"
 printf 'file\tdocumented run\tcut to\tpeak RSS (MiB)\twall (s)\texit\n' > "$OUT_FILE"
 

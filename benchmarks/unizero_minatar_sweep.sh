@@ -40,7 +40,7 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 # ---- set-up on a bare machine --------------------------------------------------------------
 if ! "$PY" -c "import jaxzoo.configs, gymnax, mctx, distrax, tyro" 2> /dev/null; then
-  site=$(mktemp -d /tmp/jaxzoo_site.XXXX)
+  site=$(mktemp -d)
   if compgen -G ".whl/*.whl" > /dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
       || echo "warning: installing .whl/*.whl failed" >&2
