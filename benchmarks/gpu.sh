@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Every algorithm file on one GPU, unchanged: the figures of docs/performance.md's GPU section.
-#   PUREJAXRL=/path/to/purejaxrl/purejaxrl bash benchmarks/gpu.sh [out_dir] [seconds_left]
+#   PUREJAXRL=/path/to/folder bash benchmarks/gpu.sh [out_dir] [seconds_left]
+# (the folder holding PureJaxRL's ppo_nodebug.py, ppo_vmap8.py and wrappers.py as
+# benchmarks/speed.py's prepare_purejaxrl writes them)
 # 1. the `tiny` preset of each of the eight files, all at once (no memory preallocation, so
 #    they share the GPU): each must exit 0 on the GPU backend;
 # 2. ppo.py against PureJaxRL's ppo.py on CartPole-v1, 500k steps, PureJaxRL's settings, whole
-#    processes, cold (no compile cache), interleaved, 1 seed and 8 vmapped seeds (PUREJAXRL
-#    holds its ppo_nodebug.py and ppo_vmap8.py, as for `benchmarks/ppo.sh timing`);
+#    processes, cold (no compile cache), interleaved, 1 seed and 8 vmapped seeds;
 # 3. the README's main job, `python algos/unizero_ppo.py`;
 # 4. ppo.py's breakout-minatar preset (10M steps), 2 seeds, for what time is left
 #    (seconds_left, default 3600, counted from the start of this script).
