@@ -19,16 +19,24 @@ Pairs run by this script so far:
   `DEBUG = False` (as shipped it prints every episode from inside the jit) and
   a `jax.block_until_ready` on the result, and an 8-seed copy that vmaps its
   `train` over 8 keys.
+- `dqn-1`, `dqn-8`: `algos/rainbow.py --preset dqn` (CartPole-v1, 500k steps,
+  PureJaxRL's DQN settings, docs/rainbow.md) against PureJaxRL's
+  `purejaxrl/dqn.py`, unchanged, run by a harness this script writes
+  (`RUN_DQN`): it aliases `jax.tree_map` (gone from jax), makes gymnax 1.0's
+  `LogWrapper.step` return PureJaxRL's five values (done = terminated or
+  truncated), stands in for wandb and sets the seed count. dqn.py needs
+  flashbax (`pip install --no-deps flashbax==0.1.3`, as in docs/rainbow.md).
 
-The other comparisons in docs/ (Rainbow against PureJaxRL's dqn.py, UniZero
-against LightZero, MPO against Acme, World Models and PlaNet against their
-references) are measured by the scripts their pages name, not yet by this one.
+The other comparisons in docs/ (UniZero against LightZero, World Models and
+PlaNet against their references) are measured by the scripts their pages name,
+not yet by this one.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import statistics
 import sys
@@ -38,6 +46,43 @@ from pathlib import Path
 from time_commands import machine, run_once
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+RUN_DQN = '''"""PureJaxRL's dqn.py, unchanged, on gymnax >= 1.0 (written by jaxzoo's benchmarks/speed.py).
+
+    python run_dqn.py NUM_SEEDS
+"""
+
+import sys
+import types
+
+import jax
+import gymnax.wrappers.purerl as purerl
+
+jax.tree_map = jax.tree.map  # dqn.py calls jax.tree_map, which jax has removed
+
+
+class FiveValueLogWrapper(purerl.LogWrapper):
+    """gymnax 1.0 steps return (obs, state, reward, terminated, truncated, info); dqn.py unpacks five."""
+
+    def step(self, key, state, action, params=None):
+        obs, state, reward, terminated, truncated, info = super().step(key, state, action, params)
+        return obs, state, reward, jax.numpy.logical_or(terminated, truncated), info
+
+
+purerl.LogWrapper = FiveValueLogWrapper
+num_seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+
+
+def init(config=None, **_):
+    config["NUM_SEEDS"] = num_seeds  # main() reads it after wandb.init, when it splits the seed keys
+
+
+sys.modules["wandb"] = types.SimpleNamespace(init=init, log=lambda *_, **__: None)
+import dqn  # noqa: E402
+
+dqn.main()
+'''
 
 
 def edit(text: str, old: str, new: str, what: str) -> str:
@@ -88,6 +133,9 @@ def prepare_purejaxrl(checkout: Path, into: Path) -> Path:
     (into / "wrappers.py").write_text(wrappers)
     (into / "ppo_nodebug.py").write_text(ppo)
     (into / "ppo_vmap8.py").write_text(vmapped)
+    if (source / "dqn.py").exists():
+        (into / "dqn.py").write_text((source / "dqn.py").read_text())
+        (into / "run_dqn.py").write_text(RUN_DQN)
     return into
 
 
@@ -100,6 +148,10 @@ def pairs(purejaxrl: Path | None, run_root: Path) -> dict[str, tuple[str, str, s
         folder = str(purejaxrl)
         found["ppo-1"] = (ppo, f"{python} ppo_nodebug.py", folder)
         found["ppo-8"] = (f"{ppo} --num-seeds 8", f"{python} ppo_vmap8.py", folder)
+        if (purejaxrl / "run_dqn.py").exists() and importlib.util.find_spec("flashbax") is not None:
+            dqn = f"{python} {ROOT / 'algos' / 'rainbow.py'} --preset dqn --no-compile-cache --run-root {run_root}"
+            found["dqn-1"] = (dqn, f"{python} run_dqn.py 1", folder)
+            found["dqn-8"] = (f"{dqn} --num-seeds 8", f"{python} run_dqn.py 8", folder)
     return found
 
 
@@ -122,7 +174,8 @@ def main() -> None:
         if unknown or not chosen:
             parser.error(
                 f"pairs {unknown or chosen} cannot run: the pairs available with the references given are "
-                f"{list(available) or 'none'} (--purejaxrl gives ppo-1 and ppo-8)"
+                f"{list(available) or 'none'} (--purejaxrl gives ppo-1 and ppo-8, and dqn-1 and dqn-8 "
+                "where its checkout has dqn.py and flashbax is installed)"
             )
         date = datetime.date.today().isoformat()
         rows = []
