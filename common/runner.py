@@ -113,8 +113,9 @@ def make_chunk(update: Callable, log_every: int) -> tuple[Callable, Callable[[],
             return state, metrics, first_nonfinite_leaf(state)
 
         def skip(state):
-            # lax.cond traces its true branch first, so `update` is traced once (not again
-            # by eval_shape: that second trace was about 0.5 s of PPO's 4 s compile).
+            # lax.cond traces its true branch first, so `update` is traced once, not again by
+            # eval_shape (measured on PPO's cartpole preset: tracing 0.77 -> 0.68 s; more
+            # where an update is costlier to trace).
             metrics = traced_metrics[0] if traced_metrics else jax.eval_shape(update, state)[1]
             return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), metrics), jnp.int32(-1)
 
