@@ -203,10 +203,15 @@ class Args:
                 f"v_min={self.v_min}, v_max={self.v_max}; accepted: num_atoms 1 (expected-value DQN), or "
                 "num_atoms >= 3 with v_min < v_max"
             )
-        if self.buffer_size // self.num_envs < self.n_step + 1:
+        history = replay_history(self)  # Atari: a window also needs the frame_stack - 1 rows before it
+        rows = self.n_step + 1 + history
+        if self.buffer_size // self.num_envs < rows:
+            formula, named = (
+                ("n_step + frame_stack", f", frame_stack={self.frame_stack}") if history else ("n_step + 1", "")
+            )
             raise ValueError(
-                f"buffer_size={self.buffer_size} is too small for num_envs={self.num_envs}, n_step={self.n_step}; "
-                f"accepted: buffer_size >= num_envs * (n_step + 1) = {self.num_envs * (self.n_step + 1)}"
+                f"buffer_size={self.buffer_size} is too small for num_envs={self.num_envs}, n_step={self.n_step}"
+                f"{named}; accepted: buffer_size >= num_envs * ({formula}) = {self.num_envs * rows}"
             )
         if self.num_updates < 1:
             raise ValueError(
@@ -439,12 +444,14 @@ class Hyperparams(struct.PyTreeNode):
 class Transition(NamedTuple):
     """One env step as stored in replay (leaves [num_envs, ...] when added)."""
 
-    obs: jax.Array  # [*obs_shape]
+    obs: jax.Array  # [*obs_shape] (Atari: its newest frame [H, W, c] only; frame_stacks rebuilds the stack)
     action: jax.Array  # [] int32
     reward: jax.Array  # []
     terminated: jax.Array  # [] bool: V(next) = 0
     truncated: jax.Array  # [] bool: time limit, bootstrap from final_obs
-    final_obs: jax.Array  # [*obs_shape] info["final_observation"]: the true next state, before any reset
+    final_obs: (
+        jax.Array
+    )  # [*obs_shape] info["final_observation"]: the true next state, before any reset (Atari: newest frame)
 
 
 class RunnerState(struct.PyTreeNode):
@@ -530,6 +537,62 @@ def categorical_projection(
     rows = jnp.broadcast_to(jnp.arange(b.shape[0])[:, None], b.shape)
     target = jnp.zeros_like(next_probs).at[rows, lower.astype(jnp.int32)].add(lower_mass)
     return target.at[rows, upper.astype(jnp.int32)].add(upper_mass)
+
+
+def replay_history(args: Args) -> int:
+    """Rows of history each replayed window needs before its first step: on Atari
+    the replay stores one frame per step (`frame_stacks`), so a stack of
+    frame_stack frames needs the frame_stack - 1 rows before it; else none."""
+    return args.frame_stack - 1 if atari.is_envpool(args.env_id) else 0
+
+
+def newest_frame(obs: jax.Array, frame_stack: int) -> jax.Array:
+    """[..., H, W, K c] stacked observation -> [..., H, W, c], its newest frame."""
+    return obs[..., -(obs.shape[-1] // frame_stack) :]
+
+
+def frame_stacks(windows: Transition, frame_stack: int) -> Transition:
+    """Rebuild the stacked observations of replayed windows stored one frame per
+    step, as DQN's replay memory stored single frames and stacked them when
+    sampling (Mnih et al. 2015, Methods): a quarter of the memory at 4 frames.
+    The Atari envs here stack frames on the device and start every episode (a
+    life, with episodic_life) with its first frame in all slots
+    (common/atari.py, 7), so an observation is its episode's last frame_stack
+    frames, the first frame repeated where the episode has had fewer.
+
+    windows: leaves [B, h + n, ...], the h = frame_stack - 1 rows before each
+    window first (buffers.sample's `history`); obs and final_obs hold the newest
+    frame [B, h + n, H, W, c] of the observation and of the final observation.
+    Returns the n window steps, leaves [B, n, ...], with obs and final_obs
+    [B, n, H, W, frame_stack * c], oldest frame first, as the env produced them.
+    (The one exception is the restart step of a resumed run, common/atari.py, 6,
+    whose final observation is the unchanged checkpointed one; rebuilt, it is
+    that observation moved on by one frame with its newest frame repeated.)
+    """
+    history = frame_stack - 1
+    length = windows.reward.shape[1] - history  # n
+    row = jnp.arange(length + history)
+    done = windows.terminated | windows.truncated  # [B, h + n]: the next row starts an episode
+    # The first row of each row's episode (row 0: as far back as the window reaches). [B, h + n]
+    begins = jnp.concatenate([jnp.ones_like(done[:, :1]), done[:, :-1]], axis=1)
+    episode_start = jax.lax.cummax(jnp.where(begins, row, 0), axis=1)
+    steps = history + jnp.arange(length)  # [n]: the window's rows
+    # Slot k of step t's stack holds the frame of row t - h + k, or of the episode's first row if that is later.
+    source = jnp.maximum(steps[:, None] - history + jnp.arange(frame_stack), episode_start[:, steps, None])  # [B, n, K]
+    frames = jax.vmap(lambda frames, source: frames[source])(windows.obs, source)  # [B, n, K, H, W, c]
+    obs = jnp.moveaxis(frames, 2, -2).reshape(*frames.shape[:2], *frames.shape[3:5], -1)  # [B, n, H, W, K c]
+    channels = windows.obs.shape[-1]
+    # The final observation is the step's stack moved on by one frame: the final frame appended.
+    final_obs = jnp.concatenate([obs[..., channels:], windows.final_obs[:, history:]], axis=-1)
+    window = lambda x: x[:, history:]
+    return Transition(
+        obs,
+        window(windows.action),
+        window(windows.reward),
+        window(windows.terminated),
+        window(windows.truncated),
+        final_obs,
+    )
 
 
 def importance_weights(probability: jax.Array, num_valid: jax.Array, beta: jax.Array) -> jax.Array:
@@ -652,7 +715,10 @@ def learner_step(
     if args.prioritized:
         buffer = buffer.replace(priority=learner.priority, max_priority=learner.max_priority)
     alpha = args.per_alpha if args.prioritized else None
-    sample = buffers.sample(buffer, sample_key, args.batch_size, args.n_step, alpha)
+    history = replay_history(args)
+    sample = buffers.sample(buffer, sample_key, args.batch_size, args.n_step, alpha, history)
+    if history:  # Atari: the replay holds single frames; the windows get their stacks back
+        sample = sample._replace(windows=frame_stacks(sample.windows, args.frame_stack))
     # --parallel data: the sampled windows and their probabilities are split over devices.
     sample = sample._replace(**parallel.constrain_data({"windows": sample.windows, "probability": sample.probability}))
     grads, (priority, stats) = jax.grad(td_loss, argnums=3, has_aux=True)(
@@ -693,7 +759,9 @@ def make_envs(args: Args):
     if atari.is_envpool(args.env_id):
         # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py), 84x84 grayscale
         # frames as uint8; the logged episode is the whole game, unclipped.
-        preprocessing = atari.preprocessing(args)  # the Args' Atari flags as atari.make's keywords
+        # The Args' Atari flags as atari.make's keywords; the stacks built in jit, so the replay
+        # can store single frames and rebuild them (frame_stacks).
+        preprocessing = atari.preprocessing(args) | {"stack_in_jit": True}
         env, env_params = atari.make(args.env_id, args.num_envs, seed=args.seed, **preprocessing)
         eval_env, _ = atari.make(args.env_id, args.eval_episodes, seed=args.seed, role=1, **preprocessing)
         if args.capture_video:  # the newest frame at each step of env 0's first game (jaxzoo.video)
@@ -736,6 +804,10 @@ def make_train(args: Args) -> Rainbow:
         """[..., A]: expected return of each action."""
         return mean_return(nnx.merge(graphdef, params)(obs, key), support)
 
+    def store(obs: jax.Array) -> jax.Array:
+        """What the replay keeps of an observation: on Atari its newest frame (`frame_stacks`)."""
+        return newest_frame(obs, args.frame_stack) if replay_history(args) else obs
+
     def epsilon(hp: Hyperparams, env_steps: jax.Array) -> jax.Array:
         return linear_schedule(hp.start_e, hp.end_e, hp.exploration_fraction * total, env_steps)
 
@@ -744,7 +816,8 @@ def make_train(args: Args) -> Rainbow:
         key, model_key, env_key = jax.random.split(key, 3)
         params = nnx.split(QNetwork(spec, args, torso, nnx.Rngs(model_key)))[1]
         obs, env_state = env.reset(env_key, env_params)
-        example = Transition(obs[0], jnp.int32(0), jnp.float32(0), jnp.bool_(False), jnp.bool_(False), obs[0])
+        stored = store(obs[0])
+        example = Transition(stored, jnp.int32(0), jnp.float32(0), jnp.bool_(False), jnp.bool_(False), stored)
         return RunnerState(
             params=params,
             target_params=params,
@@ -771,7 +844,9 @@ def make_train(args: Args) -> Rainbow:
         next_obs, env_state, reward, terminated, truncated, info = env.step(
             step_key, state.env_state, action, env_params
         )
-        transition = Transition(state.obs, action, reward, terminated, truncated, info["final_observation"])
+        transition = Transition(
+            store(state.obs), action, reward, terminated, truncated, store(info["final_observation"])
+        )
         state = state.replace(
             buffer=buffers.add(state.buffer, transition),
             env_state=env_state,
@@ -785,7 +860,9 @@ def make_train(args: Args) -> Rainbow:
         """train_frequency env steps, then gradient_steps updates once learning has started,
         then the target update if its period ended during this phase."""
         state, episode_info = jax.lax.scan(act, state, None, vector_steps)
-        learning = (state.env_steps >= args.learning_starts) & buffers.can_sample(state.buffer, args.n_step)
+        learning = (state.env_steps >= args.learning_starts) & buffers.can_sample(
+            state.buffer, args.n_step, replay_history(args)
+        )
         beta = linear_schedule(state.hparams.per_beta0, state.hparams.per_beta1, total, state.env_steps)
         # The lax.cond carries only what learning changes, never the replay data or the
         # target network: under vmap (several seeds) the cond becomes a select of both

@@ -82,7 +82,7 @@ if [[ $what == atari ]]; then  # docs/rainbow.md, Atari: throughput of the atari
 fi
 # docs/rainbow.md, Atari: the atari preset's learning curve on Breakout, one seed (SEED, default 0),
 # RAINBOW_ATARI_STEPS agent steps (default 1,000,000 = 4M frames; a few hours on the idle 2-core
-# Xeon), a checkpoint (with its 5.6 GB replay) every 10 metric rows = 100k steps. Not part of
+# Xeon), a checkpoint (with its 1.4 GB replay) every 10 metric rows = 100k steps. Not part of
 # `all`. Running it again resumes an unfinished run from its last checkpoint.
 if [[ $what == atari-curve ]]; then
   root="$OUT/atari/curve-seed${SEED:-0}"

@@ -59,7 +59,16 @@ unchanged. What is different, and why:
    from where they were; their games are not logged) and the action is not
    executed. A resumed run therefore restarts its games and is not
    bit-identical to an uninterrupted one.
-7. **One seed per process.** The custom calls have no batching rule, so the
+7. **Stacking inside jit** (`stack_in_jit`, rainbow.py's choice). envpool
+   stacks frames itself, and after a lost life its stack keeps older frames
+   in some slots, so a stack cannot be rebuilt from the newest frames alone.
+   With `stack_in_jit` envpool returns single frames and the step builds the
+   stack: each step shifts it by one frame, and every episode (life, with
+   `episodic_life`) starts with its first frame in all `frame_stack` slots.
+   Every stack is then a function of the episode's frames, so a replay can
+   store one frame per step and rebuild the stacks exactly (rainbow.py,
+   `frame_stacks`), a quarter of the memory.
+8. **One seed per process.** The custom calls have no batching rule, so the
    env cannot be vmapped: an algorithm trains one seed per process with it.
    The compiled programs name this process's pool, so JAX's persistent
    compilation cache cannot reuse them in another process (each run compiles).
@@ -129,7 +138,7 @@ def parse(env_id: str) -> str:
 def check_args(args: Any, extra: Iterable[tuple[bool, str]] = ()) -> None:
     """Refuse what an algorithm's Args cannot do with an envpool id, before
     anything is built (the id itself is checked when the env is built): several
-    seeds (module docstring, 7), --parallel data, a torso not for frames; then
+    seeds (module docstring, 8), --parallel data, a torso not for frames; then
     the algorithm's own `extra` (refused, message) pairs."""
     refused = [
         (
@@ -171,11 +180,12 @@ class Preprocessing(NamedTuple):
     image_size: int = 84
     grayscale: bool = True
     max_episode_steps: int = MAX_EPISODE_STEPS
+    stack_in_jit: bool = False  # build the frame stack on the device from single frames (module docstring, 7)
 
     def envpool_kwargs(self) -> dict[str, Any]:
         return {
             "frame_skip": self.frame_skip,
-            "stack_num": self.frame_stack,
+            "stack_num": 1 if self.stack_in_jit else self.frame_stack,
             "noop_max": self.noop_max,
             "episodic_life": self.episodic_life,
             "use_fire_reset": self.fire_reset,
@@ -247,7 +257,7 @@ class EnvpoolAtari:
 
     # ----- host side ----------------------------------------------------------- #
     def host_reset(self, handle: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Reset every env (a new game each) -> (handle, obs [N, H, W, C] uint8)."""
+        """Reset every env (a new game each) -> (handle, the pool's frames [N, H, W, c] uint8)."""
         self.pool.async_reset()
         obs = np.zeros((self.num_envs, *self.pool.observation_space.shape), np.uint8)
         for _ in range(self.num_envs):
@@ -256,15 +266,29 @@ class EnvpoolAtari:
         return np.asarray(handle), obs.transpose(0, 2, 3, 1)
 
     # ----- device side (the gymnax-style interface) ----------------------------- #
+    def _stacked(self, frames: jax.Array, previous: jax.Array | None = None) -> jax.Array:
+        """The observation [N, H, W, C] from the pool's `frames` [N, H, W, c]:
+        envpool's own stack as it is, or with `stack_in_jit` (module docstring, 7)
+        the single frame in every slot (`previous` None: a new episode) or appended
+        to `previous` [N, H, W, C] without its oldest frame."""
+        if not self.preprocessing.stack_in_jit:
+            return frames
+        if previous is None:
+            return jnp.tile(frames, (1, 1, 1, self.preprocessing.frame_stack))
+        return jnp.concatenate([previous[..., frames.shape[-1] :], frames], axis=-1)
+
     def _reset_pool(self, handle: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(handle, the pool's frames [N, H, W, c]) of a new game in every env."""
+        c, h, w = self.pool.observation_space.shape
         shapes = (
             jax.ShapeDtypeStruct(handle.shape, handle.dtype),
-            jax.ShapeDtypeStruct((self.num_envs, *self.spec.obs_shape), jnp.uint8),
+            jax.ShapeDtypeStruct((self.num_envs, h, w, c), jnp.uint8),
         )
         return io_callback(self.host_reset, shapes, handle, ordered=True)
 
     def reset(self, key: jax.Array, params=None) -> tuple[jax.Array, AtariState]:
-        handle, obs = self._reset_pool(jnp.asarray(self.handle))
+        handle, frames = self._reset_pool(jnp.asarray(self.handle))
+        obs = self._stacked(frames)
         zeros = jnp.zeros(self.num_envs)
         return obs, AtariState(handle, jnp.int32(self.token), obs, zeros, zeros.astype(jnp.int32))
 
@@ -318,8 +342,8 @@ class EnvpoolAtari:
 
         handle = jax.lax.fori_loop(0, n, send_reset, handle)
         handle, restarted = self._receive(handle, done.sum())
-        final_obs = stepped.obs.transpose(0, 2, 3, 1)
-        obs = jnp.where(done[:, None, None, None], restarted.obs.transpose(0, 2, 3, 1), final_obs)
+        final_obs = self._stacked(stepped.obs.transpose(0, 2, 3, 1), state.obs)
+        obs = jnp.where(done[:, None, None, None], self._stacked(restarted.obs.transpose(0, 2, 3, 1)), final_obs)
 
         game_return = state.game_return + stepped.score
         game_length = state.game_length + 1
@@ -344,7 +368,8 @@ class EnvpoolAtari:
         """The first step with a state from another pool (a resumed run): every
         env starts a new game; the action is not executed (module docstring, 6)."""
         n = self.num_envs
-        handle, obs = self._reset_pool(state.handle)
+        handle, frames = self._reset_pool(state.handle)
+        obs = self._stacked(frames)
         no = jnp.zeros(n, bool)
         info = {
             "final_observation": state.obs,

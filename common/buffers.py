@@ -11,6 +11,7 @@ position into older data; they may cross episode ends, which the stored
     buffer = buffers.add(buffer, step)                  # step leaves [num_envs, ...]
     sample = buffers.sample(buffer, key, batch_size=128, length=3)
     sample.windows                                      # leaves [128, 3, ...]
+    buffers.sample(buffer, key, 128, length=3, history=3).windows  # [128, 3 + 3, ...]: 3 rows before each window too
     buffer = buffers.set_priorities(buffer, sample.rows, sample.envs, new_priorities)
 
 Prioritised sampling (Schaul et al. 2016, proportional variant): a window
@@ -85,15 +86,15 @@ def add(buffer: Buffer, step: Any) -> Buffer:
     )
 
 
-def valid_starts(buffer: Buffer, length: int) -> jax.Array:
-    """[rows] bool: rows where a window of `length` steps lies inside written
-    data without crossing the write position."""
+def valid_starts(buffer: Buffer, length: int, history: int = 0) -> jax.Array:
+    """[rows] bool: rows where a window of `length` steps, and the `history` rows
+    before it, lie inside written data without crossing the write position."""
     age = (buffer.position - 1 - jnp.arange(buffer.rows)) % buffer.rows  # 0 = newest row
-    return (age >= length - 1) & (age < buffer.size)
+    return (age >= length - 1) & (age < buffer.size - history)
 
 
-def can_sample(buffer: Buffer, length: int = 1) -> jax.Array:
-    return buffer.size >= length
+def can_sample(buffer: Buffer, length: int = 1, history: int = 0) -> jax.Array:
+    return buffer.size >= length + history
 
 
 def sample(
@@ -102,22 +103,27 @@ def sample(
     batch_size: int,
     length: int = 1,
     priority_exponent: float | jax.Array | None = None,
+    history: int = 0,
 ) -> Sample:
     """Draw `batch_size` windows of `length` steps, uniformly over valid starts
     or, with `priority_exponent` (alpha), proportionally to priority^alpha.
-    Call only when `can_sample(buffer, length)`."""
+    With `history`, each window also holds the `history` rows before its start
+    (leaves [batch, history + length, ...]; `rows`, the priorities and the
+    probabilities are still the start's): the older frames of a frame stack
+    stored one frame per row (rainbow.py). Call only when
+    `can_sample(buffer, length, history)`."""
     # Stratified: one uniform draw in each of batch_size equal slices of the mass.
     strata = (jnp.arange(batch_size) + jax.random.uniform(key, (batch_size,))) / batch_size  # [batch] in [0, 1)
     if priority_exponent is None:
-        # Valid starts are the rows of age length-1 .. size-1 (age 0 = newest), in
-        # every env: index them directly, O(batch) whatever the capacity.
-        num_valid = (buffer.size - length + 1) * buffer.num_envs
+        # Valid starts are the rows of age length-1 .. size-1-history (age 0 = newest),
+        # in every env: index them directly, O(batch) whatever the capacity.
+        num_valid = (buffer.size - history - length + 1) * buffer.num_envs
         flat = jnp.minimum((strata * num_valid).astype(jnp.int32), num_valid - 1)
         age, envs = length - 1 + flat // buffer.num_envs, flat % buffer.num_envs
         rows = (buffer.position - 1 - age) % buffer.rows
         probability = jnp.full((batch_size,), 1.0) / num_valid
     else:
-        valid = jnp.broadcast_to(valid_starts(buffer, length)[:, None], buffer.priority.shape)
+        valid = jnp.broadcast_to(valid_starts(buffer, length, history)[:, None], buffer.priority.shape)
         weights = jnp.where(valid, buffer.priority**priority_exponent, 0.0)
         cumulative = jnp.cumsum(weights.reshape(-1))
         total = cumulative[-1]
@@ -130,7 +136,7 @@ def sample(
         flat = jnp.where(weights.reshape(-1)[flat] > 0, flat, jnp.argmax(weights.reshape(-1)))
         rows, envs = flat // buffer.num_envs, flat % buffer.num_envs
         probability, num_valid = weights[rows, envs] / total, valid.sum()
-    offsets = jnp.arange(length)
+    offsets = jnp.arange(-history, length)
     window_rows = (rows[:, None] + offsets[None, :]) % buffer.rows  # [batch, length]
     windows = jax.tree.map(lambda store: store[window_rows, envs[:, None]], buffer.data)
     return Sample(windows, rows, envs, probability, num_valid)

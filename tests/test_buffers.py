@@ -29,6 +29,27 @@ def test_ring_overwrites_oldest_and_windows_never_wrap():
     assert int(sample.num_valid) == 4 * 2
 
 
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_history_rows_come_before_the_window_and_are_never_overwritten(prioritized):
+    """With history h a window carries the h rows before its start; a start is
+    valid only if those rows are still in the ring (the oldest h starts are not),
+    and `rows` and the probabilities stay the start's."""
+    buffer = filled(8)  # times 2..7 in the ring
+    alpha = 0.5 if prioritized else None
+    valid = np.asarray(buffers.valid_starts(buffer, 2, history=3))
+    assert sorted(int(t) for t in np.asarray(buffer.data["t"][:, 0])[valid]) == [5, 6]
+    assert bool(buffers.can_sample(buffer, 2, history=3)) and not bool(buffers.can_sample(filled(4), 2, history=3))
+    sample = buffers.sample(buffer, jax.random.key(0), 256, length=2, priority_exponent=alpha, history=3)
+    t = np.asarray(sample.windows["t"])
+    assert t.shape == (256, 5) and (np.diff(t, axis=1) == 1).all()
+    assert set(t[:, 3]) == {5, 6}  # the start, after 3 rows of history
+    np.testing.assert_array_equal(
+        np.asarray(buffer.data["t"])[np.asarray(sample.rows), np.asarray(sample.envs)], t[:, 3]
+    )
+    assert int(sample.num_valid) == 2 * 2
+    np.testing.assert_allclose(sample.probability, 1 / 4, rtol=1e-6)
+
+
 def test_partially_filled_buffer_samples_only_written_rows():
     buffer = filled(3)
     sample = buffers.sample(buffer, jax.random.key(1), 64, length=2)
@@ -41,7 +62,9 @@ def test_uniform_sampling_is_uniform_over_valid_starts(rows_written):
     """Uniform sampling indexes valid starts directly; every (row, env) start
     that `valid_starts` allows is equally likely, and no other is drawn."""
     buffer = filled(rows_written, rows=6, num_envs=2)
-    draws = jax.jit(jax.vmap(lambda k: buffers.sample(buffer, k, 32, length=2)))(jax.random.split(jax.random.key(4), 1000))
+    draws = jax.jit(jax.vmap(lambda k: buffers.sample(buffer, k, 32, length=2)))(
+        jax.random.split(jax.random.key(4), 1000)
+    )
     counts = np.zeros((6, 2))
     np.add.at(counts, (np.asarray(draws.rows).ravel(), np.asarray(draws.envs).ravel()), 1)
     valid = np.broadcast_to(np.asarray(buffers.valid_starts(buffer, 2))[:, None], (6, 2))

@@ -15,7 +15,7 @@ import pytest
 from conftest import run_copied_script
 from flax import nnx
 
-from jaxzoo import atari, checkpoint, cli, envs, logger
+from jaxzoo import atari, buffers, checkpoint, cli, envs, logger
 from jaxzoo.algos import ppo, rainbow
 
 needs_envpool = pytest.mark.skipif(
@@ -118,8 +118,66 @@ def test_preprocessing_flags_reach_common_atari_as_ppos_do(monkeypatch):
     assert len(calls["rainbow"]) == 2  # training and evaluation pools
     for ppo_call, rainbow_call in zip(calls["ppo"], calls["rainbow"], strict=True):
         ppo_call = {k: v for k, v in ppo_call.items() if k not in ("image_size", "grayscale")}
-        assert rainbow_call == {**ppo_call, "num_envs": rainbow_call["num_envs"]}
+        # rainbow.py also has the stacks built in jit, for its single-frame replay (frame_stacks).
+        assert rainbow_call == {**ppo_call, "num_envs": rainbow_call["num_envs"], "stack_in_jit": True}
         assert {k: rainbow_call[k] for k in flags} == flags
+
+
+@needs_envpool
+def test_the_single_frame_replay_gives_back_the_stacks_breakout_showed():
+    """Breakout with episodic life (a stack restarts at every lost life) and a short
+    time limit: its newest frames in replay, sampled with frame_stack - 1 rows of
+    history and rebuilt by frame_stacks, equal the stacked observations and final
+    observations the env (stacks built in jit) returned, and the env's frames are
+    envpool's own."""
+    steps, num_envs, n = 300, 2, 3
+    env, _ = atari.make("envpool:Breakout-v5", num_envs, seed=1, stack_in_jit=True, max_episode_steps=120)
+    stacked_by_envpool, _ = atari.make("envpool:Breakout-v5", num_envs, seed=1, max_episode_steps=120)
+    actions = jnp.asarray(np.random.default_rng(0).integers(0, 4, (steps, num_envs)), jnp.int32)
+
+    @jax.jit
+    def rollout(state, obs):
+        def step(carry, action):
+            state, obs = carry
+            next_obs, state, reward, terminated, truncated, info = env.step(None, state, action)
+            final = info["final_observation"]
+            return (state, next_obs), rainbow.Transition(obs, action, reward, terminated, truncated, final)
+
+        return jax.lax.scan(step, (state, obs), actions)[1]
+
+    obs, state = env.reset(None)
+    steps_taken = jax.tree.map(np.asarray, rollout(state, obs))  # leaves [T, N, ...], full stacks
+    done = steps_taken.terminated | steps_taken.truncated
+    assert steps_taken.terminated.sum() >= 4 and steps_taken.truncated.sum() >= 2  # lives lost, time limits
+    first_of_episode = np.concatenate([np.ones((1, num_envs), bool), done[:-1]])
+    starts = steps_taken.obs[first_of_episode]
+    assert (starts == starts[..., :1]).all()  # every episode (life) starts with one frame in all slots
+
+    # The same games stacked by envpool: the same newest frames and the same ends.
+    _, reference_state = stacked_by_envpool.reset(None)
+    reference = stacked_by_envpool.step
+    for t in range(20):
+        _, reference_state, _, terminated, _, info = reference(None, reference_state, actions[t])
+        np.testing.assert_array_equal(np.asarray(info["final_observation"])[..., -1], steps_taken.final_obs[t, ..., -1])
+        np.testing.assert_array_equal(np.asarray(terminated), steps_taken.terminated[t])
+
+    newest = lambda x: rainbow.newest_frame(jnp.asarray(x), 4)
+    buffer = buffers.init(
+        jax.tree.map(lambda x: x[0, 0], steps_taken._replace(obs=None, final_obs=None))._replace(
+            obs=newest(steps_taken.obs[0, 0]), final_obs=newest(steps_taken.obs[0, 0])
+        ),
+        steps * num_envs,
+        num_envs,
+    )
+    for t in range(steps):
+        row = jax.tree.map(lambda x: jnp.asarray(x[t]), steps_taken)
+        buffer = buffers.add(buffer, row._replace(obs=newest(row.obs), final_obs=newest(row.final_obs)))
+    sample = buffers.sample(buffer, jax.random.key(0), 1024, length=n, history=3)
+    rebuilt = jax.jit(rainbow.frame_stacks, static_argnums=1)(sample.windows, 4)
+    rows = np.asarray(sample.rows)[:, None] + np.arange(n)
+    envs_ = np.asarray(sample.envs)[:, None]
+    np.testing.assert_array_equal(rebuilt.obs, steps_taken.obs[rows, envs_])
+    np.testing.assert_array_equal(rebuilt.final_obs, steps_taken.final_obs[rows, envs_])
 
 
 def test_args_refuse_what_an_envpool_id_cannot_do():
@@ -147,10 +205,10 @@ def test_tiny_atari_runs_through_the_cli_logs_the_game_score_and_replays_bytes(t
     assert ended.any() and (metrics["game_length"][ended] == args["max_episode_steps"]).all()  # the time limit
     evaluation = json.loads((run_dir / "eval.json").read_text())
     assert len(evaluation["returns"][0]) == args["eval_episodes"] and evaluation["chunk_traces"] == 1
-    # Replay holds the frames as bytes [seeds, rows, num_envs, 84, 84, 4]: real screens, not zeros.
+    # Replay holds one frame per step as bytes [seeds, rows, num_envs, 84, 84, 1]: real screens, not zeros.
     saved = np.load(checkpoint.list_checkpoints(run_dir)[-1])
     rows = args["buffer_size"] // args["num_envs"]
     for name in (".buffer.data.obs", ".buffer.data.final_obs"):
         frames = saved[name]
-        assert frames.dtype == np.uint8 and frames.shape == (1, rows, args["num_envs"], 84, 84, 4), name
+        assert frames.dtype == np.uint8 and frames.shape == (1, rows, args["num_envs"], 84, 84, 1), name
         assert 0 < frames.mean() < 255, name

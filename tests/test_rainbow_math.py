@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxzoo import buffers
 from jaxzoo.algos.rainbow import (
     NoisyLinear,
+    Transition,
     bootstrap_outputs,
     categorical_projection,
     dueling_aggregate,
+    frame_stacks,
     importance_weights,
     linear_schedule,
     n_step_targets,
@@ -42,8 +45,9 @@ def test_n_step_targets_match_a_loop_across_episode_ends():
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
     # A truncated end keeps its bootstrap, a terminated one does not.
-    r, d, last = n_step_targets(jnp.ones((2, 3)), jnp.array([[0, 1, 0], [0, 0, 0]], bool),
-                                jnp.array([[0, 0, 0], [0, 1, 0]], bool), 0.5)
+    r, d, last = n_step_targets(
+        jnp.ones((2, 3)), jnp.array([[0, 1, 0], [0, 0, 0]], bool), jnp.array([[0, 0, 0], [0, 1, 0]], bool), 0.5
+    )
     np.testing.assert_allclose(r, [1.5, 1.5])
     np.testing.assert_allclose(d, [0.0, 0.25])
     np.testing.assert_array_equal(last, [1, 1])
@@ -73,7 +77,9 @@ def test_categorical_projection_matches_a_loop_and_conserves_mass():
     probs = rng.dirichlet(np.ones(21), size=64).astype(np.float32)
     returns = rng.normal(0, 8, size=64).astype(np.float32)  # some shifted atoms fall outside the support
     discounts = rng.choice([0.0, 0.9, 0.99], size=64).astype(np.float32)
-    got = np.asarray(categorical_projection(jnp.asarray(probs), jnp.asarray(returns), jnp.asarray(discounts), jnp.asarray(support)))
+    got = np.asarray(
+        categorical_projection(jnp.asarray(probs), jnp.asarray(returns), jnp.asarray(discounts), jnp.asarray(support))
+    )
     np.testing.assert_allclose(got, projection_loop(probs, returns, discounts, support), atol=1e-5)
     np.testing.assert_allclose(got.sum(1), 1.0, atol=1e-5)
 
@@ -85,8 +91,12 @@ def test_categorical_projection_analytic_cases():
     got = categorical_projection(probs, jnp.array([0.25]), jnp.array([0.0]), support)
     np.testing.assert_allclose(got[0], [0, 0, 0.75, 0.25, 0], atol=1e-6)
     # R on an atom: all mass there. R beyond v_max: clipped onto the last atom.
-    np.testing.assert_allclose(categorical_projection(probs, jnp.array([1.0]), jnp.array([0.0]), support)[0], [0, 0, 0, 1, 0])
-    np.testing.assert_allclose(categorical_projection(probs, jnp.array([7.0]), jnp.array([0.0]), support)[0], [0, 0, 0, 0, 1])
+    np.testing.assert_allclose(
+        categorical_projection(probs, jnp.array([1.0]), jnp.array([0.0]), support)[0], [0, 0, 0, 1, 0]
+    )
+    np.testing.assert_allclose(
+        categorical_projection(probs, jnp.array([7.0]), jnp.array([0.0]), support)[0], [0, 0, 0, 0, 1]
+    )
     # No shift, no clipping: the distribution is unchanged and its mean kept.
     p = jnp.array([[0.1, 0.2, 0.3, 0.25, 0.15]])
     np.testing.assert_allclose(categorical_projection(p, jnp.array([0.0]), jnp.array([1.0]), support), p, atol=1e-6)
@@ -136,3 +146,48 @@ def test_linear_schedule():
     assert float(linear_schedule(1.0, 0.1, 100, jnp.float32(0))) == pytest.approx(1.0)
     assert float(linear_schedule(1.0, 0.1, 100, jnp.float32(50))) == pytest.approx(0.55)
     assert float(linear_schedule(1.0, 0.1, 100, jnp.float32(500))) == pytest.approx(0.1)
+
+
+def test_frame_stacks_rebuild_what_a_stacking_env_showed():
+    """A simulated env that stacks K = 3 frames as common/atari.py's stack_in_jit
+    does (each step appends a frame; an episode starts with its first frame in
+    every slot), with frequent terminations and truncations: a replay of single
+    frames, sampled with K - 1 rows of history and rebuilt by frame_stacks, gives
+    back the stacked observations and final observations the env produced."""
+    K, steps, num_envs, n = 3, 40, 2, 3
+    rng = np.random.default_rng(0)
+    terminated = rng.random((steps, num_envs)) < 0.15
+    truncated = ~terminated & (rng.random((steps, num_envs)) < 0.1)
+    new_frame = lambda: rng.integers(0, 256, (num_envs, 2, 2, 1), dtype=np.uint8)
+    obs = np.tile(new_frame(), (1, 1, 1, K))  # [N, 2, 2, K c]
+    observed, finals = [], []
+    for t in range(steps):
+        final = np.concatenate([obs[..., 1:], new_frame()], axis=-1)
+        observed.append(obs)
+        finals.append(final)
+        done = (terminated[t] | truncated[t])[:, None, None, None]
+        obs = np.where(done, np.tile(new_frame(), (1, 1, 1, K)), final)
+    observed, finals = np.stack(observed), np.stack(finals)  # [T, N, 2, 2, K]
+
+    buffer = buffers.init(
+        Transition(observed[0, 0, ..., -1:], 0, 0.0, False, False, finals[0, 0, ..., -1:]), steps * num_envs, num_envs
+    )
+    for t in range(steps):
+        row = Transition(
+            observed[t, ..., -1:],
+            np.zeros(num_envs, np.int32),
+            np.zeros(num_envs, np.float32),
+            terminated[t],
+            truncated[t],
+            finals[t, ..., -1:],
+        )
+        buffer = buffers.add(buffer, jax.tree.map(jnp.asarray, row))
+    sample = buffers.sample(buffer, jax.random.key(0), 512, length=n, history=K - 1)
+    rebuilt = frame_stacks(sample.windows, K)
+    assert rebuilt.obs.shape == (512, n, 2, 2, K) and rebuilt.reward.shape == (512, n)
+    rows = np.asarray(sample.rows)[:, None] + np.arange(n)  # time = row: the ring never wrapped
+    envs = np.asarray(sample.envs)[:, None]
+    assert set(np.asarray(sample.rows)) == set(range(K - 1, steps - n + 1))  # every valid start drawn
+    np.testing.assert_array_equal(rebuilt.obs, observed[rows, envs])
+    np.testing.assert_array_equal(rebuilt.final_obs, finals[rows, envs])
+    np.testing.assert_array_equal(rebuilt.terminated, terminated[rows, envs])
