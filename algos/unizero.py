@@ -134,6 +134,8 @@ class Args:
     """PUCT: weight of the Dirichlet noise in the root prior during collection"""
     visit_temperature: Annotated[float, Positive] = 0.25
     """PUCT: collection samples actions from visit counts ^ (1 / visit_temperature)"""
+    q_rescale_min_gap: Annotated[float, Positive] = 1e-8
+    """the search rescales a node's Q-values to [0, 1] by (q - min) / max(max - min, this) (mctx's epsilon, 1e-8; LightZero's value_delta_max is 0.01): gaps smaller than it stay small instead of becoming 0 and 1"""
     latent_coef: Annotated[float, NonNegative] = 10.0
     """weight of the latent-consistency MSE"""
     reward_coef: Annotated[float, NonNegative] = 1.0
@@ -142,6 +144,8 @@ class Args:
     """weight of the policy cross-entropy against the search's action weights"""
     value_coef: Annotated[float, NonNegative] = 0.5
     """weight of the value cross-entropy"""
+    policy_entropy_coef: Annotated[float, NonNegative] = 0.0
+    """weight of a bonus on the policy head's entropy, subtracted from the loss (LightZero's policy_entropy_weight: 1e-4 to 5e-3 in its UniZero configs); 0: none"""
     learning_rate: Annotated[float, Positive] = 1e-4
     """AdamW learning rate"""
     weight_decay: Annotated[float, NonNegative] = 1e-4
@@ -525,6 +529,8 @@ class Hyperparams(struct.PyTreeNode):
     dirichlet_alpha: jax.Array  # [] PUCT: Dirichlet noise concentration at the root (collection)
     dirichlet_fraction: jax.Array  # [] PUCT: weight of the Dirichlet noise in the root prior (collection)
     visit_temperature: jax.Array  # [] PUCT: collection samples actions from visit counts ^ (1 / visit_temperature)
+    q_rescale_min_gap: jax.Array  # [] smallest max - min gap the search's Q-value rescaling divides by
+    policy_entropy_coef: jax.Array  # [] weight of the policy-entropy bonus
 
     @classmethod
     def from_args(cls, args: Args) -> Hyperparams:
@@ -696,6 +702,7 @@ def tree_search(
             args.num_simulations,
             max_num_considered_actions=args.max_num_considered_actions,
             gumbel_scale=1.0 if explore else 0.0,
+            qtransform=functools.partial(mctx.qtransform_completed_by_mix_value, epsilon=hparams.q_rescale_min_gap),
         )
     return mctx.muzero_policy(
         params,
@@ -706,6 +713,7 @@ def tree_search(
         dirichlet_fraction=hparams.dirichlet_fraction if explore else 0.0,
         dirichlet_alpha=hparams.dirichlet_alpha,
         temperature=hparams.visit_temperature if explore else 0.0,
+        qtransform=functools.partial(mctx.qtransform_by_parent_and_siblings, epsilon=hparams.q_rescale_min_gap),
     )
 
 
@@ -840,11 +848,13 @@ def unizero_loss(world: WorldModel, target: WorldModel, windows: Transition, hpa
     reward_loss = jnp.mean(cross_entropy(reward_logits, scalar_to_probs(windows.reward[:, :K], args.support_size)))
     policy_loss = jnp.mean(cross_entropy(policy_logits, windows.search_policy[:, :K]))
     value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(value_targets, args.support_size)))
+    policy_entropy = jnp.mean(distrax.Categorical(logits=policy_logits).entropy())
     total = (
         hparams.latent_coef * latent_loss
         + hparams.reward_coef * reward_loss
         + hparams.policy_coef * policy_loss
         + hparams.value_coef * value_loss
+        - hparams.policy_entropy_coef * policy_entropy  # keeps the prior from collapsing onto noisy targets
     )
     return total, {
         "loss": total,
@@ -854,7 +864,7 @@ def unizero_loss(world: WorldModel, target: WorldModel, windows: Transition, hpa
         "value_loss": value_loss,
         "value_target": value_targets.mean(),
         "value_prediction": logits_to_scalar(value_logits).mean(),
-        "policy_entropy": jnp.mean(distrax.Categorical(logits=policy_logits).entropy()),
+        "policy_entropy": policy_entropy,
     }
 
 

@@ -70,6 +70,17 @@ CONFIGS=(
   "uz_lr3e-4|unizero|--learning-rate 3e-4"
   "uz_puct25|unizero|--search-policy puct --num-simulations 25"
 )
+# SET=search: UniZero alone, its search targets' sharpness (docs/unizero.md, "A lead for the
+# plateau"): mctx's Q rescaling floor raised to LightZero's value_delta_max, a policy-entropy
+# bonus at LightZero's Atari UniZero weight, and both; STEPS (default 500k) env steps each.
+if [[ ${SET:-} == search ]]; then
+  CONFIGS=(
+    "uz_base|unizero|"
+    "uz_gap0.01|unizero|--q-rescale-min-gap 0.01"
+    "uz_entropy5e-3|unizero|--policy-entropy-coef 5e-3"
+    "uz_gap0.01_entropy5e-3|unizero|--q-rescale-min-gap 0.01 --policy-entropy-coef 5e-3"
+  )
+fi
 if [[ ${EXTRA:-0} == 1 ]]; then
   CONFIGS+=(
     "uzppo_embed128|unizero_ppo|--embed-dim 128"
@@ -94,7 +105,7 @@ for config in "${CONFIGS[@]}"; do
   if [[ ${SMOKE:-0} == 1 ]]; then
     preset_flags="--preset tiny --env-id Breakout-MinAtar --total-timesteps 2000 --log-every 2"
   else
-    preset_flags="--preset breakout-minatar --total-timesteps 500000 ${DEFAULT_FLAGS[$algo]}"
+    preset_flags="--preset breakout-minatar --total-timesteps ${STEPS:-500000} ${DEFAULT_FLAGS[$algo]}"
   fi
   cmd="$PY algos/$algo.py $preset_flags $flags --exp-name sweep-$name --num-seeds $SEEDS --no-save-model --run-root $OUT/runs/$name"
   echo "$name: $cmd" >> "$OUT/summary.txt"

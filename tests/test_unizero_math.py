@@ -225,3 +225,53 @@ def test_truncation_bootstraps_from_the_final_observation_termination_does_not()
     assert float(terminated[0, 0]) == pytest.approx(1)
     assert float(running[0, 0]) == pytest.approx(1 + 0.9 + 0.81 * 100)
     assert float(truncated[0, 1]) == float(terminated[0, 1]) == pytest.approx(1 + 0.9 + 0.81 * 100)  # a new episode
+
+
+# ------------------------------------------------------ search-target sharpness
+def test_q_rescale_min_gap_keeps_small_q_gaps_small(algo_and_params):
+    """mctx rescales a node's Q-values by (q - min) / max(max - min, epsilon):
+    with mctx's epsilon 1e-8 any gap becomes 0 and 1, and Gumbel MuZero's policy
+    target moves far from the prior; with a gap floor far above the Q-values'
+    spread (q_rescale_min_gap, LightZero's value_delta_max) the rescaled
+    Q-values are about 0 and the target is the prior."""
+    args, _, params, _ = algo_and_params
+    h = history(args, uz.make_train(args).spec, batch=16)
+
+    def weights_and_prior(min_gap):
+        algo = uz.make_train(dataclasses.replace(args, q_rescale_min_gap=min_gap))
+        out = jax.jit(lambda p, k: algo.search(p, h, k, False))(params, jax.random.key(0))
+        prior = jax.nn.softmax(uz.root_fn(algo.graphdef, params, h, 2 * args.num_unroll_steps).prior_logits)
+        return np.asarray(out.action_weights), np.asarray(prior)
+
+    sharp, prior = weights_and_prior(1e-8)
+    soft, same_prior = weights_and_prior(1e6)
+    np.testing.assert_allclose(prior, same_prior)
+    np.testing.assert_allclose(soft, prior, atol=1e-4)
+    assert np.abs(sharp - prior).max() > 0.1
+
+
+def test_policy_entropy_bonus_is_subtracted_from_the_loss(algo_and_params):
+    """unizero_loss with policy_entropy_coef c is the loss without it minus c x
+    the policy head's mean entropy, which the metrics report."""
+    args, algo, params, _ = algo_and_params
+    B, L = 4, args.window_length
+    keys = jax.random.split(jax.random.key(3), 4)
+    obs = jax.random.normal(keys[0], (B, L) + algo.spec.obs_shape)
+    windows = uz.Transition(
+        obs=obs,
+        action=jax.random.randint(keys[1], (B, L), 0, algo.spec.num_actions),
+        reward=jax.random.normal(keys[2], (B, L)),
+        terminated=jnp.zeros((B, L), bool),
+        truncated=jnp.zeros((B, L), bool),
+        final_obs=jnp.roll(obs, -1, axis=1),
+        timestep=jnp.broadcast_to(jnp.arange(L), (B, L)),
+        search_policy=jax.nn.softmax(jax.random.normal(keys[3], (B, L, algo.spec.num_actions))),
+        root_value=jnp.zeros((B, L)),
+    )
+    hparams = uz.Hyperparams.from_args(args)
+    world = lambda: nnx.merge(algo.graphdef, params)
+    loss = jax.jit(lambda hp: uz.unizero_loss(world(), world(), windows, hp, jax.random.key(4), args))
+    plain, metrics = loss(hparams)
+    bonus, _ = loss(hparams.replace(policy_entropy_coef=jnp.float32(0.5)))
+    assert 0 < float(metrics["policy_entropy"]) <= np.log(algo.spec.num_actions) + 1e-6
+    np.testing.assert_allclose(bonus, plain - 0.5 * metrics["policy_entropy"], rtol=1e-6, atol=1e-6)
