@@ -49,7 +49,7 @@ import optax
 from flax import nnx, struct
 
 from jaxzoo import checkpoint, cli, envs, logger, parallel, pixels, results, runner
-from jaxzoo.checks import AtLeastOne, NonNegative, Positive, Range, check_fields
+from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, Range, check_fields
 from jaxzoo.layers import StridedConv, StridedConvTranspose
 
 Stage_ = Literal["collect", "vae", "mdn", "controller"]
@@ -118,6 +118,10 @@ class Args:
     """one-channel frames instead of RGB"""
     rollout_steps: Annotated[int, AtLeastOne] = 100
     """steps per random rollout: each rollout is one episode, cut here if it lasts longer"""
+    collect_with: str | None = None
+    """a finished run directory whose V, M and C (the CMA-ES mean of each seed) play the collect stage's last (1 - collect_random_fraction) episodes, the rest random: the paper's iterative training procedure (section 6); None: every episode random"""
+    collect_random_fraction: Annotated[float, Fraction] = 0.5
+    """with --collect-with, the share of the collected episodes that are still uniformly random"""
     z_size: Annotated[int, AtLeastOne] = 32
     """latent size of V (the paper: 32 for CarRacing, 64 for VizDoom)"""
     vae_depth: Annotated[int, AtLeastOne] = 32
@@ -201,6 +205,11 @@ class Args:
             )
         if self.env_id in HOST_ENVS and self.num_seeds != 1:
             raise ValueError(f"{self.env_id} runs on the host: num_seeds must be 1, got {self.num_seeds}")
+        if self.collect_with is not None and self.env_id in HOST_ENVS:
+            raise ValueError(
+                f"collect_with: {self.env_id} is collected on the host with random actions only; accepted: "
+                f"--collect-with with a pure-JAX pixel env ({', '.join(pixels.RENDERERS)})"
+            )
 
     @property
     def num_rollouts(self) -> int:
@@ -659,27 +668,42 @@ def to_float(frames: jax.Array) -> jax.Array:
 
 # ----- stage 1: random rollouts -------------------------------------------- #
 def collect_stage(setup: Setup) -> Stage:
-    """Stage 1: `num_rollouts` random-policy episodes (one update that only
-    reports statistics of the collected data)."""
+    """Stage 1: `num_rollouts` episodes, random or, with --collect-with, partly
+    played by an earlier run's V, M and C (one update that only reports
+    statistics of the collected data)."""
     args, spec = setup.args, setup.spec
     N, T = args.num_rollouts, args.rollout_steps
+    # With --collect-with, episodes n >= num_random follow the earlier run's controller. [N] bool
+    num_random = round(N * args.collect_random_fraction) if args.collect_with is not None else N
+    controlled = np.arange(N) >= num_random
 
-    def init(key, _inputs=None, _hparams=None) -> Rollouts:
-        """N uniformly random episodes from reset, vmapped, T steps in a scan;
-        after an episode's end its env keeps stepping but nothing is valid."""
+    def init(key, inputs=None, _hparams=None) -> Rollouts:
+        """N episodes from reset, vmapped, T steps in a scan; after an episode's
+        end its env keeps stepping but nothing is valid. Uniformly random
+        actions, or with --collect-with those of `inputs` = (V and M's Params,
+        C's theta [P]) in the `controlled` episodes (the iterative procedure:
+        M then learns the states a controller reaches, which random play never
+        does, docs/world_models.md)."""
+        if args.collect_with is not None and inputs is None:
+            raise ValueError("--collect-with: the collect stage needs the earlier run's (Params, theta)")
         env, env_params = setup.make_env(N)
         reset_key, key = jax.random.split(key)
         obs, env_state = env.reset(reset_key, env_params)
         obs, env_state = parallel.constrain_data((obs, env_state))  # --parallel data: the N episodes are split
 
         def step(carry, key):
-            env_state, obs, alive = parallel.constrain_data(carry)
+            env_state, obs, alive, lstm = parallel.constrain_data(carry)
             action_key, step_key = jax.random.split(key)
             if spec.discrete:
                 action = jax.random.randint(action_key, (N,), 0, spec.num_actions)
             else:
                 low, high = (jnp.asarray(x, jnp.float32) for x in (spec.action_low, spec.action_high))
                 action = jax.random.uniform(action_key, (N, spec.num_actions), minval=low, maxval=high)
+            if inputs is not None:  # --collect-with: the earlier controller acts in its episodes
+                params, theta = inputs
+                thetas = jnp.broadcast_to(theta, (N, setup.num_params))
+                played, lstm = policy_step(setup, params, thetas, pixels_to_uint8(obs), lstm)
+                action = jnp.where(controlled.reshape((N,) + (1,) * (action.ndim - 1)), played, action)
             next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, env_state, action, env_params)
             out = (
                 setup.model_action(action),
@@ -688,10 +712,10 @@ def collect_stage(setup: Setup) -> Stage:
                 alive,
                 pixels_to_uint8(info["final_observation"]),
             )
-            return (env_state, next_obs, alive & ~(terminated | truncated)), out
+            return (env_state, next_obs, alive & ~(terminated | truncated), lstm), out
 
         _, (actions, rewards, terminated, valid, reached) = jax.lax.scan(
-            step, (env_state, obs, jnp.ones(N, bool)), jax.random.split(key, T)
+            step, (env_state, obs, jnp.ones(N, bool), setup.zero_carry(N)), jax.random.split(key, T)
         )
         # Frame t + 1 is the frame step t reached: the final observation at an episode's end.
         frames = jnp.concatenate([pixels_to_uint8(obs)[None], reached], axis=0)  # [T + 1, N, S, S, C]
@@ -699,13 +723,16 @@ def collect_stage(setup: Setup) -> Stage:
         return Rollouts(swap(frames), swap(actions), swap(rewards), swap(terminated), swap(valid))
 
     def update(state: Rollouts, _inputs=None):
-        lengths = state.valid.sum(1)  # [N]
-        return state, {
-            "random_episode_length": lengths.mean(),
-            "random_episode_return": state.rewards.sum(1).mean(),
+        lengths, returns = state.valid.sum(1), state.rewards.sum(1)  # [N]
+        metrics = {
             "frames": (lengths + 1).sum().astype(jnp.float32),
             "episodes_cut": (lengths == T).mean() * 1.0,
         }
+        for policy, episodes in (("random", ~controlled), ("controller", controlled)):
+            if episodes.any():  # the mean length and return of each policy's episodes
+                metrics[f"{policy}_episode_length"] = (lengths * episodes).sum() / episodes.sum()
+                metrics[f"{policy}_episode_return"] = (returns * episodes).sum() / episodes.sum()
+        return state, metrics
 
     host_env = setup.host_env
     if host_env is not None:
@@ -1212,8 +1239,8 @@ def stage_inputs(name: str, outputs: dict, wm: WorldModels, layout: parallel.Lay
     """What a stage reads from the earlier stages' final states (leaves
     [num_seeds, ...]); in data mode V's encodings [N, ...] split by rollout, as
     the Rollouts are."""
-    if name == "collect":
-        return None
+    if name == "collect":  # --collect-with: the earlier run's V and M and its controllers, or None
+        return outputs.get("collect_with")
     data = outputs["collect"]
     if name == "vae":
         return data
@@ -1429,12 +1456,42 @@ def main(args: Args) -> dict:
             f"stages {list(args.stages)} start after {STAGES[0]!r}: pass --source-run RUN_DIR, a run "
             "that finished the earlier stages"
         )
+    if args.collect_with is not None and "collect" in args.stages:
+        check_collect_with(args, cli.load_run_args(Args, args.collect_with))
     layout = make_layout(args)  # a layout the devices cannot run is refused before anything is built
     wm = make_train(args)
     with runner.open_run_dir(args, "world_models") as run_dir, runner.StopRequest() as stop:
         if parallel.is_writer():
             logger.write_args_json(run_dir, args, META)
         return run_pipeline(args, wm, run_dir, stop, layout)
+
+
+def check_collect_with(args: Args, earlier: Args) -> None:
+    """Refuse an --collect-with run whose models or seeds do not fit this run's, naming each difference."""
+    models = ("env_id", "image_size", "grayscale", "z_size", "vae_depth", "rnn_size", "num_mixtures")
+    fields = (*models, "predict_reward", "predict_done", "seed", "num_seeds")
+    differences = [
+        f"{f}={getattr(earlier, f)!r} there, {getattr(args, f)!r} here"
+        for f in fields
+        if getattr(earlier, f) != getattr(args, f)
+    ]
+    if differences:
+        raise ValueError(
+            f"--collect-with {args.collect_with}: its V, M and C do not fit this run ({'; '.join(differences)}); "
+            "accepted: a run of the same env, model sizes and seeds"
+        )
+
+
+def collect_with(args: Args, layout: parallel.Layout) -> tuple[Params, jax.Array]:
+    """The --collect-with run's V and M (Params) and its controllers (CMA-ES means [num_seeds, P])."""
+    assert args.collect_with is not None
+    _, _, earlier = load_run(args.collect_with)
+    if "controller" not in earlier:
+        raise ValueError(f"--collect-with {args.collect_with}: the run has no finished controller stage")
+    played = (earlier["mdn"].params, earlier["controller"].cma.mean)
+    if layout.mesh is None:
+        return played
+    return parallel.put(jax.tree.map(np.asarray, played), jax.tree.map(lambda _: layout.seed_sharding(), played))
 
 
 def make_layout(args: Args) -> parallel.Layout:
@@ -1485,6 +1542,8 @@ def run_pipeline(
     by_seed = layout.seed_sharding()
     say = print if parallel.is_writer() else (lambda *_: None)
     outputs: dict[str, Any] = {}
+    if args.collect_with is not None and "collect" in args.stages:
+        outputs["collect_with"] = collect_with(args, layout)
     seconds: dict[str, float] = {}
     traces: dict[str, int] = {}
     for i, name in enumerate(STAGES[: STAGES.index(args.stages[-1]) + 1]):

@@ -78,6 +78,44 @@ def test_dream_controller_from_another_runs_v_and_m(tiny_run, tmp_path):
     assert np.isfinite(fitness).all() and (np.abs(fitness) <= 3 * args.controller_max_steps).all()  # capped dreams
 
 
+def test_collect_with_an_earlier_runs_controller(tiny_run, tmp_path):
+    """--collect-with (the paper's iterative procedure): the collect stage's last
+    (1 - collect_random_fraction) episodes are played by the earlier run's V, M
+    and C, whose actions replayed on the stored frames are exactly the stored
+    ones; the first episodes stay random; a run that does not fit is refused."""
+    args, result = tiny_run
+    again = dataclasses.replace(
+        args, run_root=str(tmp_path), stages=("collect",), collect_with=result["run_dir"], collect_random_fraction=0.25
+    )
+    collected = wm.main(again)
+    data = jax.tree.map(lambda x: np.asarray(x[0]), collected["outputs"]["collect"])
+    n = args.num_rollouts
+    num_random = round(n * 0.25)
+    metrics = logger.read_metrics(Path(collected["run_dir"]) / "collect")
+    assert {"random_episode_length", "controller_episode_length"} <= set(metrics)
+    # Replay V, M and C (the earlier run's seed-0 controller) over each controlled episode's frames.
+    params = jax.tree.map(lambda x: x[0], result["outputs"]["mdn"].params)
+    theta = result["outputs"]["controller"].cma.mean[0]
+    setup_spec = wm.make_train(again)
+    models = setup_spec.merge(params)
+    carry = (jnp.zeros((n, args.rnn_size)), jnp.zeros((n, args.rnn_size)))
+    chosen = []
+    for t in range(args.rollout_steps):
+        z, _ = models.vae.encode(wm.to_float(jnp.asarray(data.frames[:, t])))
+        raw = wm.controller_action(jnp.broadcast_to(theta, (n, theta.size)), z, carry[1], 2)
+        action = jnp.argmax(raw, -1)
+        carry, _ = models.mdn.step(carry, z, jax.nn.one_hot(jnp.asarray(data.actions[:, t].argmax(-1)), 2))
+        chosen.append(np.asarray(action))
+    chosen = np.stack(chosen, 1)  # [N, T]
+    stored = data.actions.argmax(-1)
+    played = data.valid[num_random:]
+    np.testing.assert_array_equal(chosen[num_random:][played], stored[num_random:][played])
+    assert (chosen[:num_random][data.valid[:num_random]] != stored[:num_random][data.valid[:num_random]]).any()
+
+    with pytest.raises(ValueError, match=r"--collect-with .*: its V, M and C do not fit this run \(z_size=4 there, 8 here\)"):
+        wm.main(dataclasses.replace(again, z_size=8))
+
+
 def kill_after(monkeypatch, stage: str, update: int):
     original = logger.Run.log
 
