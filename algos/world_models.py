@@ -119,7 +119,7 @@ class Args:
     rollout_steps: Annotated[int, AtLeastOne] = 100
     """steps per random rollout: each rollout is one episode, cut here if it lasts longer"""
     collect_with: str | None = None
-    """a finished run directory whose V, M and C (the CMA-ES mean of each seed) play the collect stage's last (1 - collect_random_fraction) episodes, the rest random: the paper's iterative training procedure (section 6); None: every episode random"""
+    """a finished run directory whose V, M and C (the CMA-ES mean of each seed) play the collect stage's last (1 - collect_random_fraction) episodes, the rest random: the paper's iterative training procedure (section 5); None: every episode random"""
     collect_random_fraction: Annotated[float, Fraction] = 0.5
     """with --collect-with, the share of the collected episodes that are still uniformly random"""
     z_size: Annotated[int, AtLeastOne] = 32
@@ -156,6 +156,8 @@ class Args:
     """M also predicts the reward of each step (needed to train C in the dream)"""
     predict_done: bool = True
     """M also predicts whether each step ends the episode (needed to train C in the dream)"""
+    balance_done: bool = False
+    """weigh the done head's cross-entropy so that the steps that end an episode count as much, in all, as those that do not (a done is 1 step in 22 of random play; docs/world_models.md, issue 26)"""
     controller_env: Literal["real", "dream"] = "real"
     """where C's candidates are scored: the real env (through V and M) or M's dream"""
     population: Annotated[int, Range(ge=2)] = 16
@@ -453,11 +455,16 @@ def mdn_sample(key: jax.Array, logits: jax.Array, mean: jax.Array, log_std: jax.
     return distrax.Normal(pick(mean), jnp.exp(pick(log_std)) * jnp.sqrt(temperature)).sample(seed=noise_key)
 
 
-def mdn_sequence_loss(mdn: MDNRNN, z: jax.Array, actions: jax.Array, rewards, terminated, valid):
+def mdn_sequence_loss(
+    mdn: MDNRNN, z: jax.Array, actions: jax.Array, rewards, terminated, valid, balance_done: bool = False
+):
     """M's loss on a batch of whole rollouts, time-major: z [T + 1, B, Z] (V's
     samples), actions [T, B, A], rewards / terminated / valid [T, B]. Step t
     feeds (z_t, a_t) and is scored on z_{t+1} (NLL per latent dimension), the
-    reward (squared error) and done (cross-entropy), only where valid."""
+    reward (squared error) and done (cross-entropy), only where valid. With
+    `balance_done` the done cross-entropy is the mean over the steps that
+    ended an episode plus the mean over those that did not, halved: rare ends
+    weigh as much as the rest, so the head fires (p > 0.5) at them."""
     T, B = valid.shape
     carry = (jnp.zeros((B, mdn.lstm.hidden_features)), jnp.zeros((B, mdn.lstm.hidden_features)))
     _, out = jax.lax.scan(lambda c, x: mdn.step(c, *x), carry, (z[:-1], actions))  # MDNOutput [T, B, ...]
@@ -472,8 +479,15 @@ def mdn_sequence_loss(mdn: MDNRNN, z: jax.Array, actions: jax.Array, rewards, te
     if mdn.done is not None:
         done = terminated.astype(jnp.float32)
         bce = optax.sigmoid_binary_cross_entropy(out.done_logit, done)
-        metrics["done_loss"] = masked_mean(bce)
+        if balance_done:
+            ends, others = mask * done, mask * (1.0 - done)
+            mean_over = lambda weights: (bce * weights).sum() / jnp.maximum(weights.sum(), 1.0)
+            metrics["done_loss"] = 0.5 * (mean_over(ends) + mean_over(others))
+        else:
+            metrics["done_loss"] = masked_mean(bce)
         metrics["done_accuracy"] = masked_mean(((out.done_logit > 0) == terminated).astype(jnp.float32))
+        # Of the steps that ended an episode, the share where the head fired (0 in a batch without one).
+        metrics["done_recall"] = ((out.done_logit > 0) * mask * done).sum() / jnp.maximum((mask * done).sum(), 1.0)
         loss = loss + metrics["done_loss"]
     return loss, {**metrics, "mdn_loss": loss}
 
@@ -852,6 +866,7 @@ def mdn_stage(setup: Setup) -> Stage:
                     time_major(data.rewards),
                     time_major(data.terminated),
                     time_major(data.valid),
+                    args.balance_done,
                 )
 
             grads, metrics = jax.grad(loss_fn, has_aux=True)(mdn_params)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every World Models number and image in docs/world_models.md comes from this script.
-#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|figures|carracing|all]
+#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|iterate|figures|carracing|all]
 # real: the pixel-cartpole preset, all four stages, C evolved in the real env.
 # dream: C evolved inside the real run's M (pixel-cartpole-dream preset, V and M
 #   loaded from the real run with --source-run), evaluated in the real env.
@@ -46,6 +46,27 @@ if [[ $what == seeds || $what == all ]]; then
   real_run=$(ls -d "$OUT"/real-seeds/*/ | head -1)
   $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --stages controller \
     --source-run "$real_run" --exp-name wm-dream-seeds --run-root "$OUT/dream-seeds"
+fi
+# iterate: issue 26's experiment (docs/world_models.md, "Dream training that transfers"). Round 0:
+# the pixel-cartpole-dream preset over SEEDS seeds, every stage (random rollouts, V, M, C evolved
+# in M's dream at tau 2.0), evaluated in the real env. Then ROUNDS (default 1) rounds of the paper's
+# iterative procedure: collect again with the previous round's V, M and C playing half of the
+# episodes (--collect-with; 120 episodes of up to 500 steps, since the controller's last that
+# long), train V and M afresh on them, evolve C in the new dream. benchmarks/world_models_transfer.py
+# diagnoses every round (transfer.json in its run directory). Not part of `all`.
+if [[ $what == iterate ]]; then
+  seeds=${SEEDS:-4}
+  rm -rf "$OUT/iterate"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-0 \
+    --run-root "$OUT/iterate/round0"
+  previous=$(ls -d "$OUT"/iterate/round0/*/ | head -1)
+  $PY benchmarks/world_models_transfer.py "$previous"
+  for round in $(seq 1 "${ROUNDS:-1}"); do
+    $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --collect-with "$previous" \
+      --rollout-steps 500 --total-timesteps 60000 --exp-name "wm-iterate-$round" --run-root "$OUT/iterate/round$round"
+    previous=$(ls -d "$OUT"/iterate/round"$round"/*/ | head -1)
+    $PY benchmarks/world_models_transfer.py "$previous"
+  done
 fi
 if [[ $what == figures || $what == all ]]; then
   $PY benchmarks/world_models_figures.py "$OUT"

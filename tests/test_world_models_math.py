@@ -2,16 +2,18 @@
 CMA-ES on a sphere and a rotated ellipsoid, the controller's layout, the
 patch-based convolutions against lax."""
 
+import dataclasses
 import math
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 from jaxzoo.algos import world_models as wm
-from jaxzoo import runner
+from jaxzoo import cli, runner
 
 
 def test_mdn_log_prob_matches_the_mixture_density_in_1d():
@@ -150,3 +152,27 @@ def test_patch_convolutions_match_lax_and_a_reference_loop():
                     "bc,hwco->bhwo", np.asarray(small[:, i, j]), k)
         np.testing.assert_allclose(run_once(lambda x: deconv(x))(small), reference + np.asarray(deconv.bias[...]),
                                    atol=1e-4)
+
+
+def test_balanced_done_loss_weighs_ends_as_much_as_the_rest():
+    """balance_done: the done cross-entropy is (mean over ending steps + mean over
+    the others) / 2, invalid steps excluded; without it, the mean over valid steps."""
+    args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "tiny"), predict_done=True)
+    mdn = wm.MDNRNN(args.z_size, 2, args, nnx.Rngs(0))
+    T, B = 6, 3
+    keys = jax.random.split(jax.random.key(0), 2)
+    z = jax.random.normal(keys[0], (T + 1, B, args.z_size))
+    actions = jax.nn.one_hot(jax.random.randint(keys[1], (T, B), 0, 2), 2)
+    terminated = jnp.zeros((T, B), bool).at[2, 0].set(True).at[5, 1].set(True)
+    valid = jnp.ones((T, B), bool).at[3:, 0].set(False)
+    rewards = jnp.ones((T, B))
+    _, plain = wm.mdn_sequence_loss(mdn, z, actions, rewards, terminated, valid)
+    _, balanced = wm.mdn_sequence_loss(mdn, z, actions, rewards, terminated, valid, balance_done=True)
+    # The done logits by hand, from M's LSTM over the same inputs.
+    carry = (jnp.zeros((B, args.rnn_size)), jnp.zeros((B, args.rnn_size)))
+    _, out = jax.lax.scan(lambda c, x: mdn.step(c, *x), carry, (z[:-1], actions))
+    bce = np.asarray(optax.sigmoid_binary_cross_entropy(out.done_logit, terminated.astype(jnp.float32)))
+    v, d = np.asarray(valid), np.asarray(terminated)
+    np.testing.assert_allclose(plain["done_loss"], bce[v].mean(), rtol=1e-5)
+    np.testing.assert_allclose(balanced["done_loss"], 0.5 * (bce[v & d].mean() + bce[v & ~d].mean()), rtol=1e-5)
+    np.testing.assert_allclose(plain["done_recall"], (np.asarray(out.done_logit)[v & d] > 0).mean())
