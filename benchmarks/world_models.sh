@@ -47,25 +47,31 @@ if [[ $what == seeds || $what == all ]]; then
   $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --stages controller \
     --source-run "$real_run" --exp-name wm-dream-seeds --run-root "$OUT/dream-seeds"
 fi
-# iterate: issue 26's experiment (docs/world_models.md, "Dream training that transfers"). Round 0:
-# the pixel-cartpole-dream preset over SEEDS seeds, every stage (random rollouts, V, M, C evolved
-# in M's dream at tau 2.0), evaluated in the real env. Then ROUNDS (default 1) rounds of the paper's
-# iterative procedure: collect again with the previous round's V, M and C playing half of the
-# episodes (--collect-with; 120 episodes of up to 500 steps, since the controller's last that
-# long), train V and M afresh on them, evolve C in the new dream. benchmarks/world_models_transfer.py
-# diagnoses every round (transfer.json in its run directory). Not part of `all`.
+# iterate: issue 26's experiment (docs/world_models.md, "Why dream training fails on some seeds").
+# Round 0: the pixel-cartpole-dream preset over SEEDS seeds (default 4), every stage (random
+# rollouts, V, M, C evolved in M's dream at tau 2.0), evaluated in the real env. Round 1: the paper's
+# iterative procedure: collect again with round 0's V, M and C playing half of the episodes
+# (--collect-with; 120 episodes of up to 500 steps, since the controller's last that long), train V
+# and M afresh on them, evolve C in the new dream. Then both again with M's done head trained on the
+# balanced loss (--balance-done): round 0 from round 0's rollouts and V (stages mdn, controller),
+# round 1 collecting with that balanced round 0. benchmarks/world_models_transfer.py diagnoses every
+# run (transfer.json in its run directory). About 75 minutes on the idle 2-core Xeon. Not in `all`.
 if [[ $what == iterate ]]; then
   seeds=${SEEDS:-4}
-  rm -rf "$OUT/iterate"
+  it="$OUT/iterate"
+  rm -rf "$it"
+  newest() { ls -d "$1"/*/ | head -1; }
+  round1=(--rollout-steps 500 --total-timesteps 60000)
   $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-0 \
-    --run-root "$OUT/iterate/round0"
-  previous=$(ls -d "$OUT"/iterate/round0/*/ | head -1)
-  $PY benchmarks/world_models_transfer.py "$previous"
-  for round in $(seq 1 "${ROUNDS:-1}"); do
-    $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --collect-with "$previous" \
-      --rollout-steps 500 --total-timesteps 60000 --exp-name "wm-iterate-$round" --run-root "$OUT/iterate/round$round"
-    previous=$(ls -d "$OUT"/iterate/round"$round"/*/ | head -1)
-    $PY benchmarks/world_models_transfer.py "$previous"
+    --run-root "$it/round0"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-1 \
+    --collect-with "$(newest "$it/round0")" "${round1[@]}" --run-root "$it/round1"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-0-balanced \
+    --balance-done --stages mdn controller --source-run "$(newest "$it/round0")" --run-root "$it/round0-balanced"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-1-balanced \
+    --balance-done --collect-with "$(newest "$it/round0-balanced")" "${round1[@]}" --run-root "$it/round1-balanced"
+  for run in round0 round1 round0-balanced round1-balanced; do
+    $PY benchmarks/world_models_transfer.py "$(newest "$it/$run")"
   done
 fi
 if [[ $what == figures || $what == all ]]; then
