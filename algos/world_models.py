@@ -207,6 +207,11 @@ class Args:
             )
         if self.env_id in HOST_ENVS and self.num_seeds != 1:
             raise ValueError(f"{self.env_id} runs on the host: num_seeds must be 1, got {self.num_seeds}")
+        if self.collect_with is not None and "collect" not in self.stages:
+            raise ValueError(
+                f"collect_with={self.collect_with!r} acts on the collect stage, which stages {list(self.stages)} "
+                "do not run; accepted: --collect-with with 'collect' in --stages"
+            )
         if self.collect_with is not None and self.env_id in HOST_ENVS:
             raise ValueError(
                 f"collect_with: {self.env_id} is collected on the host with random actions only; accepted: "

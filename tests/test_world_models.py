@@ -114,6 +114,8 @@ def test_collect_with_an_earlier_runs_controller(tiny_run, tmp_path):
 
     with pytest.raises(ValueError, match=r"--collect-with .*: its V, M and C do not fit this run \(z_size=4 there, 8 here\)"):
         wm.main(dataclasses.replace(again, z_size=8))
+    with pytest.raises(ValueError, match=r"acts on the collect stage, which stages \['vae'\] do not run"):
+        dataclasses.replace(again, stages=("vae",), source_run=result["run_dir"])
 
 
 def kill_after(monkeypatch, stage: str, update: int):
