@@ -54,6 +54,7 @@ from jaxzoo.layers import StridedConv, StridedConvTranspose
 
 Stage_ = Literal["collect", "vae", "mdn", "controller"]
 STAGES: tuple[Stage_, ...] = ("collect", "vae", "mdn", "controller")
+DREAM_DONE = ("threshold", "sample", "expected")  # --dream-done, see survives()
 HOST_ENVS = ("CarRacing-v3",)  # gymnasium envs stepped on the host (box2d)
 
 
@@ -168,6 +169,8 @@ class Args:
     """CMA-ES generations"""
     cma_sigma: Annotated[float, Positive] = 0.5
     """initial CMA-ES step size (search starts at zero weights)"""
+    dream_done: Literal["threshold", "sample", "expected"] = "threshold"
+    """how M's done head ends a dreamed episode: 'threshold' when p(done) > 0.5; 'sample' a Bernoulli(p) draw each step; 'expected' never, each reward weighted by the probability of being alive, prod (1 - p) over the steps before (Dreamer's continuation weights; docs/world_models.md, issue 26)"""
     dream_temperature: Annotated[float, Positive] = 1.15
     """tau of M's sampling in the dream: mixture logits / tau, stds * sqrt(tau) (the paper: 1.15)"""
     controller_max_steps: Annotated[int, NonNegative] = 0
@@ -194,6 +197,8 @@ class Args:
             raise ValueError(f"stages {list(self.stages)} must be distinct and in pipeline order {list(STAGES)}")
         if self.controller_env not in ("real", "dream"):
             raise ValueError(f"controller_env must be 'real' or 'dream', got {self.controller_env!r}")
+        if self.dream_done not in DREAM_DONE:
+            raise ValueError(f"dream_done must be one of {list(DREAM_DONE)}, got {self.dream_done!r}")
         if self.controller_env == "dream" and not (self.predict_done and self.predict_reward):
             raise ValueError(
                 "controller_env='dream' needs M's reward and done heads: set predict_reward and "
@@ -952,18 +957,37 @@ def real_returns(setup: Setup, params: Params, thetas: jax.Array, key: jax.Array
 
 
 def dream_step(setup: Setup, models: Models, theta, z, carry, key, temperature):
-    """One step inside M: (z [B, Z], carry) -> (z', carry, reward [B], done [B])."""
+    """One step inside M: (z [B, Z], carry) -> (z', carry, reward [B], p(done) [B])."""
     action = setup.env_action(controller_action(theta, z, carry[1], setup.spec.num_actions))
     carry, out = models.mdn.step(carry, z, setup.model_action(action))
     z_next = mdn_sample(key, out.logits, out.mean, out.log_std, temperature)
-    return z_next, carry, out.reward, out.done_logit > 0.0
+    return z_next, carry, out.reward, jax.nn.sigmoid(out.done_logit)
+
+
+def survives(done_prob: jax.Array, key: jax.Array, rule: str) -> jax.Array:
+    """The share of a dreamed episode that goes on past this step [B], in [0, 1]
+    (--dream-done): 'threshold' 0 where p(done) > 0.5, else 1; 'sample' 0 with
+    probability p; 'expected' 1 - p, so that a reward k steps on is weighted by
+    the probability prod (1 - p) of still being alive (Dreamer's continuation
+    weights, Hafner et al. 2020; M's done head trained by plain cross-entropy
+    is a calibrated per-state hazard, which 'threshold' throws away)."""
+    if rule == "threshold":
+        return (done_prob <= 0.5).astype(jnp.float32)
+    if rule == "sample":
+        return (jax.random.uniform(key, done_prob.shape) >= done_prob).astype(jnp.float32)
+    return 1.0 - done_prob
+
+
+# a dreamed episode stops when every controller's weight of being alive is below this ('expected' only)
+DREAM_ALIVE_FLOOR = 1e-3
 
 
 def dream_returns(setup: Setup, params: Params, thetas, latents, key, steps: int, temperature) -> jax.Array:
     """One dreamed episode per controller [B, P] -> returns [B]: z_0 sampled
     from V's posterior of a random real first frame (latents [N, 2, Z]), then M
-    at temperature tau; M's predicted rewards add up until its done head fires
-    (p > 0.5)."""
+    at temperature tau; M's predicted rewards add up, each weighted by how
+    much of the episode is still alive (1 or 0 for --dream-done threshold and
+    sample, the probability for expected)."""
     models = setup.merge(params)
     batch = thetas.shape[0]
     start_key, noise_key, key = jax.random.split(key, 3)
@@ -974,11 +998,14 @@ def dream_returns(setup: Setup, params: Params, thetas, latents, key, steps: int
     def body(carry):
         t, key, z, lstm, alive, returns = carry
         key, step_key = jax.random.split(key)
-        z, lstm, reward, done = dream_step(setup, models, thetas, z, lstm, step_key, temperature)
-        return t + 1, key, z, lstm, alive & ~done, returns + reward * alive
+        z, lstm, reward, done_prob = dream_step(setup, models, thetas, z, lstm, step_key, temperature)
+        done_key = jax.random.fold_in(step_key, 1)  # only 'sample' draws; the key stream is as before for the rest
+        # the ending step's reward counts (as in the real env), the steps after it do not
+        returns = returns + reward * alive
+        return t + 1, key, z, lstm, alive * survives(done_prob, done_key, setup.args.dream_done), returns
 
-    cond = lambda carry: (carry[0] < steps) & carry[4].any()
-    batch_init = parallel.constrain_data((setup.zero_carry(batch), jnp.ones(batch, bool), jnp.zeros(batch)))
+    cond = lambda carry: (carry[0] < steps) & (carry[4] > DREAM_ALIVE_FLOOR).any()
+    batch_init = parallel.constrain_data((setup.zero_carry(batch), jnp.ones(batch), jnp.zeros(batch)))
     return jax.lax.while_loop(cond, body, (jnp.int32(0), key, z, *batch_init))[-1]
 
 
@@ -989,8 +1016,8 @@ def dream(setup: Setup, params: Params, theta, z0, key, steps: int, temperature:
 
     def step(carry, key):
         z, lstm = carry
-        z_next, lstm, _, done = dream_step(setup, models, theta[None], z, lstm, key, temperature)
-        return (z_next, lstm), (z_next[0], done[0])
+        z_next, lstm, _, done_prob = dream_step(setup, models, theta[None], z, lstm, key, temperature)
+        return (z_next, lstm), (z_next[0], done_prob[0] > 0.5)
 
     _, (zs, dones) = jax.lax.scan(step, (z0[None], setup.zero_carry(1)), jax.random.split(key, steps))
     return jnp.concatenate([z0[None], zs]), dones

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every World Models number and image in docs/world_models.md comes from this script.
-#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|iterate|figures|carracing|all]
+#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|iterate|dream-done|figures|carracing|all]
 # real: the pixel-cartpole preset, all four stages, C evolved in the real env.
 # dream: C evolved inside the real run's M (pixel-cartpole-dream preset, V and M
 #   loaded from the real run with --source-run), evaluated in the real env.
@@ -10,6 +10,7 @@
 # figures: reconstructions, dream rollouts, CMA-ES curves and the results table
 #   (benchmarks/world_models_figures.py -> docs/img/world_models_*.png,
 #   benchmarks/out/world_models/summary.md).
+# dream-done: --dream-done sample and expected on iterate's round 0 (after `iterate`; ~15 min).
 # carracing: the carracing-small preset (needs box2d; skipped with a message otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +72,26 @@ if [[ $what == iterate ]]; then
   $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-1-balanced \
     --balance-done --collect-with "$(newest "$it/round0-balanced")" "${round1[@]}" --run-root "$it/round1-balanced"
   for run in round0 round1 round0-balanced round1-balanced; do
+    $PY benchmarks/world_models_transfer.py "$(newest "$it/$run")"
+  done
+fi
+# dream-done: issue 26's next step, how M's done head ends a dream (--dream-done threshold, the
+# default, against sample and expected), each on round 0's plain M and on its balanced M (needs
+# `iterate`'s round 0; C evolved again, 4 seeds, evaluated in the real env, then diagnosed).
+if [[ $what == dream-done ]]; then
+  seeds=${SEEDS:-4}
+  it="$OUT/iterate"
+  newest() { ls -d "$1"/*/ | head -1; }
+  round0=$(newest "$it/round0")
+  for rule in sample expected; do
+    rm -rf "$it/round0-$rule" "$it/round0-balanced-$rule"
+    $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name "wm-iterate-0-$rule" \
+      --dream-done "$rule" --stages controller --source-run "$round0" --run-root "$it/round0-$rule"
+    $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" \
+      --exp-name "wm-iterate-0-balanced-$rule" --dream-done "$rule" --balance-done --stages mdn controller \
+      --source-run "$round0" --run-root "$it/round0-balanced-$rule"
+  done
+  for run in round0-sample round0-expected round0-balanced-sample round0-balanced-expected; do
     $PY benchmarks/world_models_transfer.py "$(newest "$it/$run")"
   done
 fi

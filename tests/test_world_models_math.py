@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 from jaxzoo.algos import world_models as wm
@@ -176,3 +177,34 @@ def test_balanced_done_loss_weighs_ends_as_much_as_the_rest():
     np.testing.assert_allclose(plain["done_loss"], bce[v].mean(), rtol=1e-5)
     np.testing.assert_allclose(balanced["done_loss"], 0.5 * (bce[v & d].mean() + bce[v & ~d].mean()), rtol=1e-5)
     np.testing.assert_allclose(plain["done_recall"], (np.asarray(out.done_logit)[v & d] > 0).mean())
+
+
+def test_dream_done_rules_threshold_sample_and_expected():
+    """--dream-done: with M's done head fixed at p and its reward at 1, a dreamed
+    return is `steps` under 'threshold' when p < 0.5 and 1 when p > 0.5 (the
+    ending step counts), sum_t (1 - p)^t under 'expected', and on average the
+    same under 'sample' (Bernoulli ends, a truncated geometric length)."""
+    base = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "tiny"), predict_done=True, predict_reward=True)
+    steps, batch = 20, 4000
+
+    def dreamed(rule, p):
+        args = dataclasses.replace(base, dream_done=rule)
+        models = wm.Models(args, 2, nnx.Rngs(0))
+        for head, bias in ((models.mdn.done, math.log(p / (1 - p))), (models.mdn.reward, 1.0)):
+            head.kernel[...] = jnp.zeros_like(head.kernel[...])
+            head.bias[...] = jnp.full_like(head.bias[...], bias)
+        params = wm.Params(*nnx.split(models, wm.VAE_PART, ...)[1:])
+        world = wm.make_train(args)
+        thetas = jnp.zeros((batch, world.num_params))
+        latents = jnp.zeros((3, 2, args.z_size))
+        return np.asarray(jax.jit(world.dream_returns, static_argnums=4)(params, thetas, latents, jax.random.key(1), steps))
+
+    np.testing.assert_allclose(dreamed("threshold", 0.1), steps)
+    np.testing.assert_allclose(dreamed("threshold", 0.6), 1.0)
+    geometric = sum(0.9**t for t in range(steps))  # 8.78
+    np.testing.assert_allclose(dreamed("expected", 0.1), geometric, rtol=1e-5)
+    sampled = dreamed("sample", 0.1)
+    assert set(np.unique(sampled)) <= set(range(1, steps + 1))
+    assert abs(sampled.mean() - geometric) < 4 * sampled.std() / math.sqrt(batch)
+    with pytest.raises(ValueError, match=r"dream_done must be one of \['threshold', 'sample', 'expected'\], got 'soft'"):
+        dataclasses.replace(base, dream_done="soft")
