@@ -10,7 +10,8 @@
 # figures: reconstructions, dream rollouts, CMA-ES curves and the results table
 #   (benchmarks/world_models_figures.py -> docs/img/world_models_*.png,
 #   benchmarks/out/world_models/summary.md).
-# dream-done: --dream-done sample and expected on iterate's round 0 (after `iterate`; ~15 min).
+# dream-done: --dream-done sample and expected on iterate's round 0 (after `iterate`), then
+#   threshold against expected on seeds 4-7 (about 45 min on the idle 2-core Xeon).
 # carracing: the carracing-small preset (needs box2d; skipped with a message otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -92,6 +93,17 @@ if [[ $what == dream-done ]]; then
       --source-run "$round0" --run-root "$it/round0-balanced-$rule"
   done
   for run in round0-sample round0-expected round0-balanced-sample round0-balanced-expected; do
+    $PY benchmarks/world_models_transfer.py "$(newest "$it/$run")"
+  done
+  # The chosen rule checked on seeds it was not chosen on (4..7): every stage with the old rule, then C
+  # evolved again with 'expected' in the same V and M.
+  rm -rf "$it/fresh-threshold" "$it/fresh-expected"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --seed 4 --num-seeds "$seeds" --dream-done threshold \
+    --exp-name wm-fresh-threshold --run-root "$it/fresh-threshold"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --seed 4 --num-seeds "$seeds" --dream-done expected \
+    --exp-name wm-fresh-expected --stages controller --source-run "$(newest "$it/fresh-threshold")" \
+    --run-root "$it/fresh-expected"
+  for run in fresh-threshold fresh-expected; do
     $PY benchmarks/world_models_transfer.py "$(newest "$it/$run")"
   done
 fi
