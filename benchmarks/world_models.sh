@@ -28,7 +28,7 @@ fi
 if [[ $what == dream || $what == all ]]; then
   rm -rf "$OUT/dream"
   real_run=$(ls -d "$OUT"/real/*/ | head -1)
-  $PY algos/world_models.py --preset pixel-cartpole-dream --stages controller --source-run "$real_run" \
+  $PY algos/world_models.py --preset pixel-cartpole-dream --dream-done threshold --stages controller --source-run "$real_run" \
     --run-root "$OUT/dream"
 fi
 if [[ $what == dream-sweep || $what == all ]]; then
@@ -36,7 +36,7 @@ if [[ $what == dream-sweep || $what == all ]]; then
   real_run=$(ls -d "$OUT"/real/*/ | head -1)
   for tau in 0.5 1.0 1.15 1.5; do
     rm -rf "$OUT/dream-tau-$tau"
-    $PY algos/world_models.py --preset pixel-cartpole-dream --stages controller --source-run "$real_run" \
+    $PY algos/world_models.py --preset pixel-cartpole-dream --dream-done threshold --stages controller --source-run "$real_run" \
       --dream-temperature "$tau" --exp-name "wm-dream-tau-$tau" --run-root "$OUT/dream-tau-$tau"
   done
 fi
@@ -46,7 +46,7 @@ if [[ $what == seeds || $what == all ]]; then
   /usr/bin/time -v $PY algos/world_models.py --preset pixel-cartpole --num-seeds "$seeds" --exp-name wm-seeds \
     --run-root "$OUT/real-seeds" 2> "$OUT/real-seeds.time" || { tail -20 "$OUT/real-seeds.time"; exit 1; }
   real_run=$(ls -d "$OUT"/real-seeds/*/ | head -1)
-  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --stages controller \
+  $PY algos/world_models.py --preset pixel-cartpole-dream --dream-done threshold --num-seeds "$seeds" --stages controller \
     --source-run "$real_run" --exp-name wm-dream-seeds --run-root "$OUT/dream-seeds"
 fi
 # iterate: issue 26's experiment (docs/world_models.md, "Why dream training fails on some seeds").
@@ -64,13 +64,13 @@ if [[ $what == iterate ]]; then
   rm -rf "$it"
   newest() { ls -d "$1"/*/ | head -1; }
   round1=(--rollout-steps 500 --total-timesteps 60000)
-  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-0 \
+  $PY algos/world_models.py --preset pixel-cartpole-dream --dream-done threshold --num-seeds "$seeds" --exp-name wm-iterate-0 \
     --run-root "$it/round0"
-  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-1 \
+  $PY algos/world_models.py --preset pixel-cartpole-dream --dream-done threshold --num-seeds "$seeds" --exp-name wm-iterate-1 \
     --collect-with "$(newest "$it/round0")" "${round1[@]}" --run-root "$it/round1"
-  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-0-balanced \
+  $PY algos/world_models.py --preset pixel-cartpole-dream --dream-done threshold --num-seeds "$seeds" --exp-name wm-iterate-0-balanced \
     --balance-done --stages mdn controller --source-run "$(newest "$it/round0")" --run-root "$it/round0-balanced"
-  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-1-balanced \
+  $PY algos/world_models.py --preset pixel-cartpole-dream --dream-done threshold --num-seeds "$seeds" --exp-name wm-iterate-1-balanced \
     --balance-done --collect-with "$(newest "$it/round0-balanced")" "${round1[@]}" --run-root "$it/round1-balanced"
   for run in round0 round1 round0-balanced round1-balanced; do
     $PY benchmarks/world_models_transfer.py "$(newest "$it/$run")"
