@@ -43,6 +43,7 @@ if [[ $what == atari ]]; then
   done
   $PY -m jaxzoo.plot "$OUT"/atari/seed*/* --metric game_score --out docs/img/ppo_atari_breakout.png \
     --title "PPO, Breakout (envpool, atari preset), game score"
+  $PY benchmarks/summarize.py --windows 250000 game_score "$OUT"/atari/seed*/*  # docs/ppo.md's table
 fi
 if [[ $what == timing || $what == all ]]; then
   : "${PUREJAXRL:?set PUREJAXRL to the directory holding the PureJaxRL ppo.py}"

@@ -12,6 +12,11 @@ weakest seed's evaluation, and the compile and training-loop wall times.
 
 prints instead, for runs logged with `--eval-every`, the env steps and the
 training-loop seconds at which each seed's evaluation first reached 195.
+
+    python benchmarks/summarize.py --windows 250000 game_score benchmarks/out/ppo/atari/seed*/*
+
+prints, per run, the mean of a logged metric over consecutive windows of
+that many env steps (docs/ppo.md's Breakout table: the whole-game score).
 """
 
 from __future__ import annotations
@@ -71,6 +76,27 @@ def main_reach(run_dirs: list[str], threshold: float) -> None:
         print(f"| {args['exp_name']} | {len(reached)} | {steps} | {seconds} | {compile_s:.1f} |")
 
 
+def window_means(run_dir: Path, metric: str, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """The mean of `metric` over the rows of each window (w * window, (w + 1) *
+    window] of env steps, all seeds pooled -> (window ends [W], means [W])."""
+    rows = logger.read_metrics(run_dir)
+    if metric not in rows:
+        raise ValueError(f"{run_dir}: no {metric!r} column; it has {sorted(rows)}")
+    steps, values = rows["global_step"], rows[metric]
+    ends = np.arange(window, steps.max() + window, window)
+    means = np.array([np.nanmean(values[(steps > end - window) & (steps <= end)]) for end in ends])
+    return ends, means
+
+
+def main_windows(run_dirs: list[str], window: int, metric: str) -> None:
+    for run_dir in run_dirs:
+        ends, means = window_means(Path(run_dir), metric, window)
+        print(f"{run_dir}: mean {metric} per {window:,} env steps")
+        print("| env steps | " + " | ".join(f"{int(end) - window:,}-{int(end):,}" for end in ends) + " |")
+        print("| --- |" + " --- |" * len(ends))
+        print(f"| {metric} | " + " | ".join(f"{m:.1f}" for m in means) + " |")
+
+
 def main(run_dirs: list[str]) -> None:
     print("| env | run | seeds | env steps / seed | final training return | greedy eval | worst seed | compile (s) | training loop (s) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -85,5 +111,7 @@ def main(run_dirs: list[str]) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--reach":
         main_reach(sys.argv[3:], float(sys.argv[2]))
+    elif len(sys.argv) > 3 and sys.argv[1] == "--windows":
+        main_windows(sys.argv[4:], int(sys.argv[2]), sys.argv[3])
     else:
         main(sys.argv[1:])

@@ -151,3 +151,23 @@ def test_committed_run_files_are_small_summaries():
         if f.is_file():
             assert f.name in ("summary.json", "run_info.json", "args.json"), f
             assert f.stat().st_size < 200_000, f
+
+
+def test_summarize_window_means_pool_each_window_of_env_steps(ppo_run):
+    """benchmarks/summarize.py --windows (docs/ppo.md's Breakout table): the mean
+    of a metric over the rows whose global_step falls in (end - window, end],
+    seeds pooled, against the same mean computed from metrics.csv by hand."""
+    spec = importlib.util.spec_from_file_location("benchmarks_summarize", ROOT / "benchmarks" / "summarize.py")
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    _, result = ppo_run
+    rows = logger.read_metrics(result.run_dir)
+    steps, values = rows["global_step"], rows["episode_return"]
+    window = int(np.ptp(steps) // 3) or 1
+    ends, means = summarize.window_means(result.run_dir, "episode_return", window)
+    assert ends[-1] >= steps.max() > ends[-1] - window
+    for end, mean in zip(ends, means):
+        inside = values[(steps > end - window) & (steps <= end)]
+        np.testing.assert_allclose(mean, np.nanmean(inside) if inside.size else np.nan)
+    with pytest.raises(ValueError, match="no 'game_score' column"):
+        summarize.window_means(result.run_dir, "game_score", window)
