@@ -29,6 +29,7 @@ Details, logged metrics and measured results: docs/world_models.md.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import json
@@ -173,6 +174,8 @@ class Args:
     """how M's done head ends a dreamed episode: 'threshold' when p(done) > 0.5; 'sample' a Bernoulli(p) draw each step; 'expected' never, each reward weighted by the probability of being alive, prod (1 - p) over the steps before (Dreamer's continuation weights; docs/world_models.md, issue 26)"""
     dream_temperature: Annotated[float, Positive] = 1.15
     """tau of M's sampling in the dream: mixture logits / tau, stds * sqrt(tau) (the paper: 1.15)"""
+    host_envs: Annotated[int, AtLeastOne] = 16
+    """CarRacing-v3 only: envs stepped at once, each in its own process (gymnasium's AsyncVectorEnv, every core busy); more episodes than this (a generation, the evaluation) run in rounds"""
     controller_max_steps: Annotated[int, NonNegative] = 0
     """longest scored episode, real or dreamed; 0: the env's time limit"""
     fast_compile: bool = False
@@ -1160,10 +1163,14 @@ def pixels_to_uint8(frames: jax.Array) -> jax.Array:
 # CarRacing-v3 on the host (optional extra: box2d)
 # --------------------------------------------------------------------------- #
 class CarRacingHost:
-    """The paper's CarRacing through gymnasium: envs stepped in Python, V, M and
-    C batched and jitted. Frames: the 96 x 96 render without its bottom
-    12-pixel dashboard, resized to image_size (the paper crops and resizes to
-    64 x 64). Random rollouts use actions uniform in [-1, 1] x [0, 1] x [0, 1]."""
+    """The paper's CarRacing through gymnasium: envs stepped on the host, V, M
+    and C batched and jitted. `host_envs` envs step at once, each in its own
+    process (gymnasium's AsyncVectorEnv), so every core renders and simulates
+    while the main process runs the models; a batch of more episodes (a CMA-ES
+    generation, the evaluation) runs in rounds of that many, in lockstep.
+    Frames: the 96 x 96 render without its bottom 12-pixel dashboard, resized
+    to image_size (the paper crops and resizes to 64 x 64). Random rollouts
+    use actions uniform in [-1, 1] x [0, 1] x [0, 1]."""
 
     def __init__(self, args: Args):
         try:
@@ -1186,6 +1193,7 @@ class CarRacingHost:
             action_high=np.ones(3, np.float32),
             max_episode_steps=1000,
         )
+        self.vector: Any = None  # the AsyncVectorEnv, started on first use and kept (its processes start in seconds)
 
     def preprocess(self, frames: np.ndarray) -> jax.Array:
         """[B, 96, 96, 3] uint8 -> [B, S, S, C] uint8."""
@@ -1195,59 +1203,109 @@ class CarRacingHost:
             image = pixels.to_grayscale(image)
         return pixels_to_uint8(image)
 
-    def make_envs(self, n: int):
-        return [self.gym.make("CarRacing-v3") for _ in range(n)]
+    def vector_env(self):
+        """The host_envs CarRacing-v3 processes. forkserver, not fork: a child
+        forked from this multithreaded JAX process could deadlock (Python and
+        JAX warn of it); the fork server is started once, from a clean process."""
+        if self.vector is None:
+            make = functools.partial(self.gym.make, "CarRacing-v3")
+            self.vector = self.gym.vector.AsyncVectorEnv([make] * self.args.host_envs, context="forkserver")
+            atexit.register(self.close)
+        return self.vector
 
-    def collect(self, key) -> Rollouts:
-        args, n, steps = self.args, self.args.num_rollouts, self.args.rollout_steps
-        seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
-        rng = np.random.default_rng(seed)
-        frames = np.zeros((n, steps + 1, *args.image_shape), np.uint8)
+    def close(self) -> None:
+        if self.vector is not None:
+            self.vector.close()
+            self.vector = None
+
+    def lockstep(self, seeds: list[int], steps: int, act: Callable, keep_frames: bool = False, record: bool = False):
+        """len(seeds) <= host_envs episodes at once, until each ends or `steps`
+        steps: act(frames [W, S, S, C] uint8) -> actions [W, 3] (W = host_envs;
+        envs past len(seeds) step too, their results dropped). Returns
+        actions [n, steps, 3], rewards, terminated, valid [n, steps], frames
+        [n, steps + 1, S, S, C] (keep_frames; zeros after the end) and env 0's
+        raw 96 x 96 frames (record)."""
+        vector, n, width = self.vector_env(), len(seeds), self.args.host_envs
+        raw, _ = vector.reset(seed=[*seeds, *range(seeds[-1] + 1, seeds[-1] + 1 + width - n)])
         actions = np.zeros((n, steps, 3), np.float32)
         rewards, terminated, valid = (np.zeros((n, steps), dt) for dt in (np.float32, bool, bool))
-        env = self.gym.make("CarRacing-v3")
-        for i in range(n):
-            obs, _ = env.reset(seed=seed + i)
-            raw = [obs]
-            for t in range(steps):
-                action = rng.uniform([-1.0, 0.0, 0.0], [1.0, 1.0, 1.0]).astype(np.float32)
-                obs, reward, term, trunc, _ = env.step(action)
-                raw.append(obs)
-                actions[i, t], rewards[i, t], terminated[i, t], valid[i, t] = action, reward, term, True
-                if term or trunc:
-                    break
-            frames[i, : len(raw)] = np.asarray(self.preprocess(np.stack(raw)))
-        env.close()
-        return Rollouts(
-            jnp.asarray(frames), jnp.asarray(actions), jnp.asarray(rewards), jnp.asarray(terminated), jnp.asarray(valid)
-        )
-
-    def returns(self, params, thetas, key, steps, policy_step, zero_carry, record: bool = False):
-        """One host episode per controller in thetas [B, P], all B envs in lockstep -> returns [B]
-        (and, with `record`, env 0's episode as an envs.Recording of its frames [T, 96, 96, 3])."""
-        batch = thetas.shape[0]
-        seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
-        env_list = self.make_envs(batch)
-        obs = np.stack([e.reset(seed=seed + i)[0] for i, e in enumerate(env_list)])
-        act = jax.jit(policy_step)
-        lstm, alive, total = zero_carry(batch), np.ones(batch, bool), np.zeros(batch)
+        frames = np.zeros((n, steps + 1, *self.args.image_shape), np.uint8) if keep_frames else None
         recorded: list[np.ndarray] = []
-        for _ in range(steps):
+        alive = np.ones(n, bool)
+        for t in range(steps):
+            small = np.asarray(self.preprocess(raw))
+            if frames is not None:
+                frames[alive, t] = small[:n][alive]
             if record and alive[0]:
-                recorded.append(obs[0].copy())
-            action, lstm = act(params, thetas, self.preprocess(obs), lstm)
-            action = np.asarray(action)
-            for i, e in enumerate(env_list):
-                if alive[i]:
-                    obs_i, reward, term, trunc, _ = e.step(action[i])
-                    obs[i], total[i], alive[i] = obs_i, total[i] + reward, not (term or trunc)
+                recorded.append(raw[0].copy())
+            action = np.asarray(act(small), np.float32)
+            # an env whose episode ended is reset by this step (gymnasium's next-step autoreset), and ignored
+            raw, reward, term, trunc, _ = vector.step(action)
+            actions[alive, t], rewards[alive, t], terminated[alive, t] = (
+                action[:n][alive],
+                reward[:n][alive],
+                term[:n][alive],
+            )
+            valid[alive, t] = True
+            ended = alive & (term[:n] | trunc[:n])
+            if frames is not None:  # the frame the episode ended on
+                frames[ended, t + 1] = np.asarray(self.preprocess(raw[:n][ended]))
+            alive &= ~ended
             if not alive.any():
                 break
-        for e in env_list:
-            e.close()
+        if frames is not None and alive.any():  # cut at `steps`: the last frame
+            frames[alive, steps] = np.asarray(self.preprocess(raw[:n][alive]))
+        return actions, rewards, terminated, valid, frames, recorded
+
+    def collect(self, key) -> Rollouts:
+        """num_rollouts random episodes of up to rollout_steps steps, in rounds of host_envs."""
+        args, n = self.args, self.args.num_rollouts
+        seed = int(jax.random.randint(key, (), 0, 2**31 - 1 - n - args.host_envs))
+        rng = np.random.default_rng(seed)
+        random_actions = lambda frames: rng.uniform([-1.0, 0.0, 0.0], [1.0, 1.0, 1.0], (len(frames), 3))
+        parts = [
+            self.lockstep(
+                list(range(seed + i, seed + min(i + args.host_envs, n))),
+                args.rollout_steps,
+                random_actions,
+                keep_frames=True,
+            )[:5]
+            for i in range(0, n, args.host_envs)
+        ]
+        actions, rewards, terminated, valid, frames = (np.concatenate(part) for part in zip(*parts))
+        return Rollouts(*(jnp.asarray(x) for x in (frames, actions, rewards, terminated, valid)))
+
+    def returns(self, params, thetas, key, steps, policy_step, zero_carry, record: bool = False):
+        """One host episode per controller in thetas [B, P], in rounds of
+        host_envs -> returns [B] (and, with `record`, the first episode as an
+        envs.Recording of its frames [T, 96, 96, 3])."""
+        batch, width = thetas.shape[0], self.args.host_envs
+        seed = int(jax.random.randint(key, (), 0, 2**31 - 1 - batch - width))
+        act = jax.jit(policy_step)
+        totals: list[np.ndarray] = []
+        recorded: list[np.ndarray] = []
+        for first in range(0, batch, width):
+            n = min(width, batch - first)
+            # a short last round repeats its first controller to fill the envs (one compiled shape)
+            round_thetas = jnp.concatenate(
+                [thetas[first : first + n], jnp.repeat(thetas[first : first + 1], width - n, 0)]
+            )
+            lstm = zero_carry(width)
+
+            def controller(frames):
+                nonlocal lstm
+                action, lstm = act(params, round_thetas, jnp.asarray(frames), lstm)
+                return action
+
+            _, rewards, *_, round_recorded = self.lockstep(
+                list(range(seed + first, seed + first + n)), steps, controller, record=record and first == 0
+            )
+            totals.append(rewards.sum(axis=1))
+            recorded = recorded or round_recorded
+        total = jnp.asarray(np.concatenate(totals), jnp.float32)
         if record:
-            return jnp.asarray(total, jnp.float32), envs.Recording(np.stack(recorded), np.int32(len(recorded)))
-        return jnp.asarray(total, jnp.float32)
+            return total, envs.Recording(np.stack(recorded), np.int32(len(recorded)))
+        return total
 
 
 # --------------------------------------------------------------------------- #

@@ -274,3 +274,38 @@ def test_every_preset_is_valid():
         args = cli.preset_args(wm.Args, "world_models", name)  # validation in Args.__post_init__
         if args.env_id not in wm.HOST_ENVS:
             assert wm.make_train(args).num_params == 2 * (args.z_size + args.rnn_size) + 2, name
+
+
+@pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
+                    reason="CarRacing-v3 needs box2d (pip install -e '.[carracing]'), not installed in this environment")
+def test_carracing_rounds_of_async_envs_match_one_env_stepped_by_hand(tmp_path):
+    """3 controllers on host_envs = 2 processes (a full round, then a short one
+    whose empty slot is padded): each return equals that controller's episode
+    in one CarRacing-v3 stepped by hand from the same seed, V, M and C acting
+    on the same preprocessed frames."""
+    import gymnasium
+
+    args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "carracing-small"), run_root=str(tmp_path))
+    world = wm.make_train(args)
+    params = wm.Params(*nnx.split(wm.Models(args, 3, nnx.Rngs(0)), wm.VAE_PART, ...)[1:])
+    thetas = 0.5 * jax.random.normal(jax.random.key(1), (3, world.num_params))
+    key, steps = jax.random.key(2), 6
+    returns = np.asarray(world.real_returns(params, thetas, key, steps))
+    host = wm.CarRacingHost(args)
+    seed = int(jax.random.randint(key, (), 0, 2**31 - 1 - 3 - args.host_envs))  # as CarRacingHost.returns draws it
+    models = world.merge(params)
+    for i in range(3):
+        env = gymnasium.make("CarRacing-v3")
+        raw, _ = env.reset(seed=seed + i)
+        carry, total = (jnp.zeros((1, args.rnn_size)), jnp.zeros((1, args.rnn_size))), 0.0
+        for _ in range(steps):
+            z, _ = models.vae.encode(wm.to_float(host.preprocess(raw[None])))
+            low, high = np.array([-1.0, 0, 0]), np.ones(3)
+            action = low + (jnp.tanh(wm.controller_action(thetas[i : i + 1], z, carry[1], 3)) + 1) * 0.5 * (high - low)
+            carry, _ = models.mdn.step(carry, z, action)
+            raw, reward, term, trunc, _ = env.step(np.asarray(action[0], np.float32))
+            total += reward
+            if term or trunc:
+                break
+        env.close()
+        np.testing.assert_allclose(returns[i], total, rtol=1e-5, atol=1e-4)
