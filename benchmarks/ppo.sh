@@ -41,7 +41,7 @@ if [[ $what == atari ]]; then
       $PY algos/ppo.py --resume "$last"
     fi
   done
-  $PY -m jaxzoo.plot "$OUT"/atari/seed*/* --metric game_score --out docs/img/ppo_atari_breakout.png \
+  $PY -m jaxzoo.plot "$OUT"/atari/seed*/* --metric game_score --smooth 50 --out docs/img/ppo_atari_breakout.png \
     --title "PPO, Breakout (envpool, atari preset), game score"
   $PY benchmarks/summarize.py --windows 250000 game_score "$OUT"/atari/seed*/*  # docs/ppo.md's table
 fi
