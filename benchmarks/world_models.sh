@@ -11,7 +11,8 @@
 #   (benchmarks/world_models_figures.py -> docs/img/world_models_*.png,
 #   benchmarks/out/world_models/summary.md).
 # dream-done: --dream-done sample and expected on iterate's round 0 (after `iterate`), then
-#   threshold against expected on seeds 4-7 (about 45 min on the idle 2-core Xeon).
+#   threshold against expected on seeds 4-7, then the iterative round with expected (about 90 min
+#   on the idle 2-core Xeon).
 # carracing: the carracing-small preset (needs box2d; skipped with a message otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -104,6 +105,17 @@ if [[ $what == dream-done ]]; then
     --exp-name wm-fresh-expected --stages controller --source-run "$(newest "$it/fresh-threshold")" \
     --run-root "$it/fresh-expected"
   for run in fresh-threshold fresh-expected; do
+    $PY benchmarks/world_models_transfer.py "$(newest "$it/$run")"
+  done
+  # The iterative round with 'expected': collect with round0-expected's V, M and C, then train V and
+  # M afresh (round1-expected), or M alone on round 0's V (round1-expected-keep-v).
+  round1=(--dream-done expected --collect-with "$(newest "$it/round0-expected")" --rollout-steps 500 --total-timesteps 60000)
+  rm -rf "$it/round1-expected" "$it/round1-expected-keep-v"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-1-expected \
+    "${round1[@]}" --run-root "$it/round1-expected"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-1-expected-keep-v \
+    "${round1[@]}" --stages collect mdn controller --source-run "$round0" --run-root "$it/round1-expected-keep-v"
+  for run in round1-expected round1-expected-keep-v; do
     $PY benchmarks/world_models_transfer.py "$(newest "$it/$run")"
   done
 fi
