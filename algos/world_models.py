@@ -36,6 +36,7 @@ import json
 import math
 import signal
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,8 @@ from jaxzoo.layers import StridedConv, StridedConvTranspose
 
 Stage_ = Literal["collect", "vae", "mdn", "controller"]
 STAGES: tuple[Stage_, ...] = ("collect", "vae", "mdn", "controller")
-DREAM_DONE = ("threshold", "sample", "expected")  # --dream-done, see survives()
+DreamDone = Literal["threshold", "sample", "expected"]  # --dream-done, see survives()
+DREAM_DONE: tuple[DreamDone, ...] = typing.get_args(DreamDone)
 HOST_ENVS = ("CarRacing-v3",)  # gymnasium envs stepped on the host (box2d)
 
 
@@ -170,7 +172,7 @@ class Args:
     """CMA-ES generations"""
     cma_sigma: Annotated[float, Positive] = 0.5
     """initial CMA-ES step size (search starts at zero weights)"""
-    dream_done: Literal["threshold", "sample", "expected"] = "threshold"
+    dream_done: DreamDone = "threshold"
     """how M's done head ends a dreamed episode: 'threshold' when p(done) > 0.5; 'sample' a Bernoulli(p) draw each step; 'expected' never, each reward weighted by the probability of being alive, prod (1 - p) over the steps before (Dreamer's continuation weights; docs/world_models.md, issue 26)"""
     dream_temperature: Annotated[float, Positive] = 1.15
     """tau of M's sampling in the dream: mixture logits / tau, stds * sqrt(tau) (the paper: 1.15)"""
@@ -1194,6 +1196,8 @@ class CarRacingHost:
             max_episode_steps=1000,
         )
         self.vector: Any = None  # the AsyncVectorEnv, started on first use and kept (its processes start in seconds)
+        # V, M and C's jitted step, made once: a new jax.jit each generation would trace and compile again
+        self.act: Callable | None = None
 
     def preprocess(self, frames: np.ndarray) -> jax.Array:
         """[B, 96, 96, 3] uint8 -> [B, S, S, C] uint8."""
@@ -1281,7 +1285,9 @@ class CarRacingHost:
         envs.Recording of its frames [T, 96, 96, 3])."""
         batch, width = thetas.shape[0], self.args.host_envs
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1 - batch - width))
-        act = jax.jit(policy_step)
+        if self.act is None:
+            self.act = jax.jit(policy_step)
+        act = self.act
         totals: list[np.ndarray] = []
         recorded: list[np.ndarray] = []
         for first in range(0, batch, width):
