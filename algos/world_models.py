@@ -121,11 +121,15 @@ class Args:
     grayscale: bool = False
     """one-channel frames instead of RGB"""
     rollout_steps: Annotated[int, AtLeastOne] = 100
-    """steps per random rollout: each rollout is one episode, cut here if it lasts longer"""
+    """steps per stored rollout, the sequences M learns from: each rollout is one episode, cut here if it lasts longer (or, with --collect-steps, one piece of one)"""
+    collect_steps: Annotated[int, NonNegative] = 0
+    """longest collected episode, a multiple of rollout_steps, stored as consecutive rollouts of rollout_steps steps (M learns each piece from a fresh memory, the dreams may start at any piece); 0: rollout_steps"""
     collect_with: str | None = None
     """a finished run directory whose V, M and C (the CMA-ES mean of each seed) play the collect stage's last (1 - collect_random_fraction) episodes, the rest random: the paper's iterative training procedure (section 5); None: every episode random"""
     collect_random_fraction: Annotated[float, Fraction] = 0.5
     """with --collect-with, the share of the collected episodes that are still uniformly random"""
+    collect_keep: bool = False
+    """with --collect-with, keep the earlier run's rollouts: this run's are theirs, then the new ones (the paper's iterative procedure adds to its storage; same rollout_steps needed)"""
     z_size: Annotated[int, AtLeastOne] = 32
     """latent size of V (the paper: 32 for CarRacing, 64 for VizDoom)"""
     vae_depth: Annotated[int, AtLeastOne] = 32
@@ -209,6 +213,11 @@ class Args:
                 "controller_env='dream' needs M's reward and done heads: set predict_reward and "
                 f"predict_done (got predict_reward={self.predict_reward}, predict_done={self.predict_done})"
             )
+        if self.num_episodes < 1:
+            raise ValueError(
+                f"total_timesteps={self.total_timesteps} is less than one episode of collect_steps="
+                f"{self.episode_steps} steps; accepted: total_timesteps >= collect_steps"
+            )
         if self.mdn_batch_size > self.num_rollouts:
             raise ValueError(
                 f"mdn_batch_size={self.mdn_batch_size} exceeds the {self.num_rollouts} rollouts "
@@ -222,6 +231,13 @@ class Args:
                 f"collect_with={self.collect_with!r} acts on the collect stage, which stages {list(self.stages)} "
                 "do not run; accepted: --collect-with with 'collect' in --stages"
             )
+        if self.collect_keep and self.collect_with is None:
+            raise ValueError("collect_keep keeps the rollouts of the --collect-with run: pass --collect-with RUN_DIR")
+        if self.collect_steps and self.collect_steps % self.rollout_steps:
+            raise ValueError(
+                f"collect_steps={self.collect_steps} is not a multiple of rollout_steps={self.rollout_steps}; "
+                "accepted: 0 (episodes cut at rollout_steps) or a multiple of rollout_steps"
+            )
         if self.collect_with is not None and self.env_id in HOST_ENVS:
             raise ValueError(
                 f"collect_with: {self.env_id} is collected on the host with random actions only; accepted: "
@@ -229,8 +245,19 @@ class Args:
             )
 
     @property
+    def episode_steps(self) -> int:
+        """The longest collected episode (collect_steps, or rollout_steps when it is 0)."""
+        return self.collect_steps or self.rollout_steps
+
+    @property
+    def num_episodes(self) -> int:
+        """Episodes the collect stage plays."""
+        return self.total_timesteps // self.episode_steps
+
+    @property
     def num_rollouts(self) -> int:
-        return self.total_timesteps // self.rollout_steps
+        """Rollouts of rollout_steps steps it stores: each episode cut into episode_steps // rollout_steps pieces."""
+        return self.num_episodes * (self.episode_steps // self.rollout_steps)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -696,25 +723,45 @@ def to_float(frames: jax.Array) -> jax.Array:
 
 
 # ----- stage 1: random rollouts -------------------------------------------- #
+def cut_into_rollouts(episodes: Rollouts, steps: int) -> Rollouts:
+    """Episodes of E = K x `steps` steps [N, E + 1 / E] -> N K rollouts of
+    `steps` steps [N K, steps + 1 / steps], episode n's pieces n K ... n K + K - 1
+    in order: piece k holds steps k steps ... (k + 1) steps - 1 and the frames
+    around them, its last frame the next piece's first. A piece wholly after
+    its episode's end has no valid step. NumPy or JAX arrays."""
+    N, E = episodes.valid.shape
+    K = E // steps
+    if K == 1:
+        return episodes
+    frame_index = np.arange(K)[:, None] * steps + np.arange(steps + 1)[None]  # [K, steps + 1]
+    frames = episodes.frames[:, frame_index].reshape((N * K, steps + 1, *episodes.frames.shape[2:]))
+    pieces = lambda x: x.reshape((N * K, steps, *x.shape[2:]))  # noqa: E731
+    return Rollouts(
+        frames, pieces(episodes.actions), pieces(episodes.rewards), pieces(episodes.terminated), pieces(episodes.valid)
+    )
+
+
 def collect_stage(setup: Setup) -> Stage:
-    """Stage 1: `num_rollouts` episodes, random or, with --collect-with, partly
-    played by an earlier run's V, M and C (one update that only reports
-    statistics of the collected data)."""
+    """Stage 1: `num_episodes` episodes, random or, with --collect-with, partly
+    played by an earlier run's V, M and C, stored as `num_rollouts` rollouts of
+    rollout_steps steps (with --collect-keep after the earlier run's); one
+    update that only reports statistics of the collected data."""
     args, spec = setup.args, setup.spec
-    N, T = args.num_rollouts, args.rollout_steps
+    N, E = args.num_episodes, args.episode_steps
     # With --collect-with, episodes n >= num_random follow the earlier run's controller. [N] bool
     num_random = round(N * args.collect_random_fraction) if args.collect_with is not None else N
     controlled = np.arange(N) >= num_random
 
     def init(key, inputs=None, _hparams=None) -> Rollouts:
-        """N episodes from reset, vmapped, T steps in a scan; after an episode's
+        """N episodes from reset, vmapped, E steps in a scan; after an episode's
         end its env keeps stepping but nothing is valid. Uniformly random
         actions, or with --collect-with those of `inputs` = (V and M's Params,
-        C's theta [P]) in the `controlled` episodes (the iterative procedure:
-        M then learns the states a controller reaches, which random play never
-        does, docs/world_models.md)."""
+        C's theta [P], the earlier run's Rollouts with --collect-keep, else
+        None) in the `controlled` episodes (the iterative procedure: M then
+        learns the states a controller reaches, which random play never does,
+        docs/world_models.md). Then cut into rollouts of rollout_steps steps."""
         if args.collect_with is not None and inputs is None:
-            raise ValueError("--collect-with: the collect stage needs the earlier run's (Params, theta)")
+            raise ValueError("--collect-with: the collect stage needs the earlier run's (Params, theta, Rollouts)")
         env, env_params = setup.make_env(N)
         reset_key, key = jax.random.split(key)
         obs, env_state = env.reset(reset_key, env_params)
@@ -729,7 +776,7 @@ def collect_stage(setup: Setup) -> Stage:
                 low, high = (jnp.asarray(x, jnp.float32) for x in (spec.action_low, spec.action_high))
                 action = jax.random.uniform(action_key, (N, spec.num_actions), minval=low, maxval=high)
             if inputs is not None:  # --collect-with: the earlier controller acts in its episodes
-                params, theta = inputs
+                params, theta, _ = inputs
                 thetas = jnp.broadcast_to(theta, (N, setup.num_params))
                 played, lstm = policy_step(setup, params, thetas, pixels_to_uint8(obs), lstm)
                 action = jnp.where(controlled.reshape((N,) + (1,) * (action.ndim - 1)), played, action)
@@ -744,18 +791,31 @@ def collect_stage(setup: Setup) -> Stage:
             return (env_state, next_obs, alive & ~(terminated | truncated), lstm), out
 
         _, (actions, rewards, terminated, valid, reached) = jax.lax.scan(
-            step, (env_state, obs, jnp.ones(N, bool), setup.zero_carry(N)), jax.random.split(key, T)
+            step, (env_state, obs, jnp.ones(N, bool), setup.zero_carry(N)), jax.random.split(key, E)
         )
         # Frame t + 1 is the frame step t reached: the final observation at an episode's end.
-        frames = jnp.concatenate([pixels_to_uint8(obs)[None], reached], axis=0)  # [T + 1, N, S, S, C]
+        frames = jnp.concatenate([pixels_to_uint8(obs)[None], reached], axis=0)  # [E + 1, N, S, S, C]
         swap = lambda x: jnp.swapaxes(x, 0, 1)
-        return Rollouts(swap(frames), swap(actions), swap(rewards), swap(terminated), swap(valid))
+        episodes = Rollouts(swap(frames), swap(actions), swap(rewards), swap(terminated), swap(valid))
+        return keep_earlier(inputs, cut_into_rollouts(episodes, args.rollout_steps))
+
+    def keep_earlier(inputs, new: Rollouts) -> Rollouts:
+        """--collect-keep: the earlier run's rollouts, then the new ones."""
+        kept = None if inputs is None else inputs[2]
+        if kept is None:
+            return new
+        return jax.tree.map(lambda old, fresh: jnp.concatenate([old, fresh]), kept, new)
 
     def update(state: Rollouts, _inputs=None):
-        lengths, returns = state.valid.sum(1), state.rewards.sum(1)  # [N]
+        """Statistics of this run's episodes (with --collect-keep, the last
+        num_rollouts rollouts; the kept ones are the earlier run's)."""
+        kept = state.valid.shape[0] - args.num_rollouts
+        by_episode = lambda x: x[kept:].reshape((N, -1))  # noqa: E731  [N, E]: an episode's pieces, in order
+        lengths, returns = by_episode(state.valid).sum(1), by_episode(state.rewards).sum(1)  # [N]
         metrics = {
             "frames": (lengths + 1).sum().astype(jnp.float32),
-            "episodes_cut": (lengths == T).mean() * 1.0,
+            "episodes_cut": (lengths == E).mean() * 1.0,
+            "rollouts_kept": jnp.float32(kept),
         }
         for policy, episodes in (("random", ~controlled), ("controller", controlled)):
             if episodes.any():  # the mean length and return of each policy's episodes
@@ -765,13 +825,22 @@ def collect_stage(setup: Setup) -> Stage:
 
     host_env = setup.host_env
     if host_env is not None:
-        return Stage(lambda key, _inputs=None, _hparams=None: host_env.collect(key), update, 1, N * T, host=True)
-    return Stage(init, update, 1, N * T)
+        return Stage(lambda key, _inputs=None, _hparams=None: host_env.collect(key), update, 1, N * E, host=True)
+    return Stage(init, update, 1, N * E)
+
+
+def stored_rollouts(args: Args) -> int:
+    """Rollouts a run's collect stage stores: its own, after those it keeps
+    from its --collect-with run (which may have kept some too)."""
+    if not args.collect_keep:
+        return args.num_rollouts
+    assert args.collect_with is not None  # Args checks it
+    return stored_rollouts(cli.load_run_args(Args, args.collect_with)) + args.num_rollouts
 
 
 def rollouts_shape(args: Args, action_size: int) -> Rollouts:
     """The shapes stage 1 produces (of jax.ShapeDtypeStruct), for jax.eval_shape and restoring."""
-    N, T = args.num_rollouts, args.rollout_steps
+    N, T = stored_rollouts(args), args.rollout_steps
     shapes: list[Any] = [
         jax.ShapeDtypeStruct((N, T + 1, *args.image_shape), jnp.uint8),
         jax.ShapeDtypeStruct((N, T, action_size), jnp.float32),
@@ -784,8 +853,10 @@ def rollouts_shape(args: Args, action_size: int) -> Rollouts:
 
 # ----- stage 2: V ---------------------------------------------------------- #
 def frame_valid(data: Rollouts) -> jax.Array:
-    """[N, T + 1] bool: frame 0 and every frame a valid step reached."""
-    return jnp.concatenate([jnp.ones((data.valid.shape[0], 1), bool), data.valid], axis=1)
+    """[N, T + 1] bool: frame 0 of a rollout whose first step happened (every
+    one but the pieces wholly after an episode's end, --collect-steps) and
+    every frame a valid step reached."""
+    return jnp.concatenate([data.valid[:, :1], data.valid], axis=1)
 
 
 def with_learning_rate(opt_state, learning_rate: jax.Array):
@@ -842,7 +913,7 @@ def vae_stage(setup: Setup) -> Stage:
 def mdn_stage(setup: Setup) -> Stage:
     """Stage 3: M trained on whole rollouts of V's latents, V fixed (inputs:
     (Rollouts, params after V, V's (mean, log_var) [N, T + 1, Z]))."""
-    args, N = setup.args, setup.args.num_rollouts
+    args = setup.args
 
     def make_optimizer(learning_rate):
         clip = [optax.clip_by_global_norm(args.mdn_grad_clip)] if args.mdn_grad_clip > 0 else []
@@ -862,6 +933,7 @@ def mdn_stage(setup: Setup) -> Stage:
         z is resampled from V's posterior at every step (the paper trains M on
         sampled z)."""
         data, _, (z_mean, z_log_var) = inputs  # V's posterior of every frame [N, T + 1, Z]; V stays fixed
+        N = data.valid.shape[0]  # the stored rollouts (with --collect-keep, more than num_rollouts)
 
         def step(carry, key):
             mdn_params, opt_state = carry
@@ -914,8 +986,15 @@ def encode_rollouts(setup: Setup, params: Params, data: Rollouts, shards: int = 
 
 
 def initial_latents(setup: Setup, params: Params, data: Rollouts) -> jax.Array:
-    """V's posterior of every rollout's first frame, (mean, log_var) stacked: [N, 2, Z]."""
-    mean, log_var = setup.encode(params, parallel.constrain_data(data.frames[:, 0]))  # --parallel data: split
+    """V's posterior of every rollout's first frame, (mean, log_var) stacked:
+    [N, 2, Z], the dreams' start states. A piece wholly after its episode's end
+    (--collect-steps) has no frame of its own: it takes the nearest piece before
+    it that has one, so every episode's pieces weigh as much in all, spread over
+    those it reached."""
+    started = data.valid[:, 0]  # [N]
+    index = jnp.arange(started.shape[0])
+    source = jax.lax.cummax(jnp.where(started, index, 0))  # the last started rollout at or before each
+    mean, log_var = setup.encode(params, parallel.constrain_data(data.frames[source, 0]))  # --parallel data: split
     return jnp.stack([mean, log_var], axis=1)
 
 
@@ -1270,22 +1349,24 @@ class CarRacingHost:
         return actions, rewards, terminated, valid, frames, recorded
 
     def collect(self, key) -> Rollouts:
-        """num_rollouts random episodes of up to rollout_steps steps, in rounds of host_envs."""
-        args, n = self.args, self.args.num_rollouts
+        """num_episodes random episodes of up to collect_steps steps, in rounds
+        of host_envs, cut into rollouts of rollout_steps steps."""
+        args, n = self.args, self.args.num_episodes
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1 - n - args.host_envs))
         rng = np.random.default_rng(seed)
         random_actions = lambda frames: rng.uniform([-1.0, 0.0, 0.0], [1.0, 1.0, 1.0], (len(frames), 3))
         parts = [
             self.lockstep(
                 list(range(seed + i, seed + min(i + args.host_envs, n))),
-                args.rollout_steps,
+                args.episode_steps,
                 random_actions,
                 keep_frames=True,
             )[:5]
             for i in range(0, n, args.host_envs)
         ]
         actions, rewards, terminated, valid, frames = (np.concatenate(part) for part in zip(*parts))
-        return Rollouts(*(jnp.asarray(x) for x in (frames, actions, rewards, terminated, valid)))
+        episodes = Rollouts(*(jnp.asarray(x) for x in (frames, actions, rewards, terminated, valid)))
+        return cut_into_rollouts(episodes, args.rollout_steps)
 
     def returns(self, params, thetas, key, steps, policy_step, zero_carry, record: bool = False):
         """One host episode per controller in thetas [B, P], in rounds of
@@ -1535,6 +1616,9 @@ def load_stage(
             f"finish it with --resume {run_dir}"
         )
     abstract = abstract_stage_state(name, stage, seeds, inputs, wm)
+    if name == "collect":  # the shapes of the run that collected (with --collect-keep it stored more rollouts)
+        producer = rollouts_shape(cli.load_run_args(Args, run_dir), wm.rollouts_shape.actions.shape[-1])
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct((len(seeds), *x.shape), x.dtype), producer)
     state, _ = checkpoint.restore(stage_dir, abstract)
     return parallel.put(state, shardings(layout, abstract, STATE_DATA_AXES[name]))
 
@@ -1588,7 +1672,9 @@ def main(args: Args) -> dict:
 def check_collect_with(args: Args, earlier: Args) -> None:
     """Refuse an --collect-with run whose models or seeds do not fit this run's, naming each difference."""
     models = ("env_id", "image_size", "grayscale", "z_size", "vae_depth", "rnn_size", "num_mixtures")
-    fields = (*models, "predict_reward", "predict_done", "seed", "num_seeds")
+    fields: tuple[str, ...] = (*models, "predict_reward", "predict_done", "seed", "num_seeds")
+    if args.collect_keep:  # its rollouts join this run's
+        fields = (*fields, "rollout_steps")
     differences = [
         f"{f}={getattr(earlier, f)!r} there, {getattr(args, f)!r} here"
         for f in fields
@@ -1597,17 +1683,18 @@ def check_collect_with(args: Args, earlier: Args) -> None:
     if differences:
         raise ValueError(
             f"--collect-with {args.collect_with}: its V, M and C do not fit this run ({'; '.join(differences)}); "
-            "accepted: a run of the same env, model sizes and seeds"
+            "accepted: a run of the same env, model sizes and seeds (and rollout_steps, with --collect-keep)"
         )
 
 
-def collect_with(args: Args, layout: parallel.Layout) -> tuple[Params, jax.Array]:
-    """The --collect-with run's V and M (Params) and its controllers (CMA-ES means [num_seeds, P])."""
+def collect_with(args: Args, layout: parallel.Layout) -> tuple[Params, jax.Array, Rollouts | None]:
+    """The --collect-with run's V and M (Params), its controllers (CMA-ES means
+    [num_seeds, P]) and, with --collect-keep, its rollouts."""
     assert args.collect_with is not None
     _, _, earlier = load_run(args.collect_with)
     if "controller" not in earlier:
         raise ValueError(f"--collect-with {args.collect_with}: the run has no finished controller stage")
-    played = (earlier["mdn"].params, earlier["controller"].cma.mean)
+    played = (earlier["mdn"].params, earlier["controller"].cma.mean, earlier["collect"] if args.collect_keep else None)
     if layout.mesh is None:
         return played
     return parallel.put(jax.tree.map(np.asarray, played), jax.tree.map(lambda _: layout.seed_sharding(), played))
@@ -1621,6 +1708,11 @@ def make_layout(args: Args) -> parallel.Layout:
     generation and the final evaluation's eval_episodes; the device count must
     divide num_rollouts and the batches of the stages in `args.stages`. Raises
     ValueError naming the first it does not divide, before anything runs."""
+    if args.parallel == "data" and args.collect_keep:
+        raise ValueError(
+            "--parallel data splits this run's num_rollouts over the devices; with --collect-keep the stored "
+            "rollouts are more; accepted: --collect-keep with --parallel off, auto or seeds"
+        )
     if args.parallel == "data" and args.env_id in HOST_ENVS:
         raise ValueError(
             f"--parallel data: env_id {args.env_id!r} is stepped on the host (gymnasium), which cannot be split "

@@ -118,6 +118,78 @@ def test_collect_with_an_earlier_runs_controller(tiny_run, tmp_path):
         dataclasses.replace(again, stages=("vae",), source_run=result["run_dir"])
 
 
+def test_cut_into_rollouts_keeps_every_step_in_order():
+    """Episodes of 6 steps cut into pieces of 2: piece k of episode n is
+    rollout 3 n + k, holds steps 2k, 2k + 1 and frames 2k ... 2k + 2."""
+    n, e, steps = 2, 6, 2
+    frames = jnp.arange(n * (e + 1)).reshape((n, e + 1, 1, 1, 1)).astype(jnp.uint8)
+    per_step = jnp.arange(n * e).reshape((n, e))
+    episodes = wm.Rollouts(frames, per_step[..., None].astype(jnp.float32), per_step.astype(jnp.float32),
+                           per_step == 3, per_step < 4)
+    pieces = jax.tree.map(np.asarray, wm.cut_into_rollouts(episodes, steps))
+    assert pieces.frames.shape == (6, 3, 1, 1, 1) and pieces.valid.shape == (6, 2)
+    for i in range(n):
+        for k in range(e // steps):
+            np.testing.assert_array_equal(pieces.frames[i * 3 + k, :, 0, 0, 0], frames[i, 2 * k: 2 * k + 3, 0, 0, 0])
+            np.testing.assert_array_equal(pieces.rewards[i * 3 + k], per_step[i, 2 * k: 2 * k + 2])
+    np.testing.assert_array_equal(pieces.valid[:3].ravel(), [True] * 4 + [False] * 2)  # episode 0 ended at step 3
+    np.testing.assert_array_equal(pieces.terminated.ravel(), per_step.ravel() == 3)
+    assert wm.cut_into_rollouts(episodes, e) is episodes  # one piece: unchanged
+
+
+def test_collect_steps_stores_long_episodes_as_consecutive_rollouts(tmp_path):
+    """--collect-steps 40 with rollout_steps 10: the same 8 episodes as
+    rollout_steps 40 (same seed), cut into 4 rollouts each; a piece after its
+    episode's end has no valid frame, and the dreams' start states skip it
+    (the nearest piece before it that started)."""
+    whole = wm.main(tiny(tmp_path / "whole", stages=("collect",), rollout_steps=40, mdn_batch_size=4))
+    cut = wm.main(tiny(tmp_path / "cut", stages=("collect",), rollout_steps=10, collect_steps=40))
+    episodes = jax.tree.map(lambda x: x[0], whole["outputs"]["collect"])
+    pieces = jax.tree.map(lambda x: np.asarray(x[0]), cut["outputs"]["collect"])
+    assert pieces.valid.shape == (32, 10)
+    expected = jax.tree.map(np.asarray, wm.cut_into_rollouts(episodes, 10))
+    for got, want in zip(jax.tree.leaves(pieces), jax.tree.leaves(expected)):
+        np.testing.assert_array_equal(got, want)
+    started = pieces.valid[:, 0]
+    assert started[::4].all() and not started.all()  # random CartPole episodes end before 40 steps: dead pieces
+    assert (np.asarray(wm.frame_valid(pieces))[:, 0] == started).all()
+    metrics = logger.read_metrics(Path(cut["run_dir"]) / "collect")
+    np.testing.assert_allclose(metrics["random_episode_length"][0], pieces.valid.reshape(8, 40).sum(1).mean())
+
+    world = wm.make_train(tiny(tmp_path, rollout_steps=10, collect_steps=40))
+    params = wm.Params(*nnx.split(wm.Models(tiny(tmp_path), 2, nnx.Rngs(0)), wm.VAE_PART, ...)[1:])
+    latents = np.asarray(world.initial_latents(params, jax.tree.map(jnp.asarray, pieces)))
+    for i in np.flatnonzero(~started):  # a dead piece starts where the last started piece before it does
+        source = max(j for j in range(i) if started[j])
+        np.testing.assert_array_equal(latents[i], latents[source])
+    with pytest.raises(ValueError, match=r"collect_steps=25 is not a multiple of rollout_steps=10"):
+        tiny(tmp_path, rollout_steps=10, collect_steps=25)
+
+
+def test_collect_keep_adds_the_new_episodes_to_the_earlier_runs(tiny_run, tmp_path):
+    """--collect-with RUN --collect-keep: the stored rollouts are RUN's, then
+    this run's; a later run reading them with --source-run gets them all."""
+    args, result = tiny_run
+    keep = dataclasses.replace(args, run_root=str(tmp_path), stages=("collect",), collect_with=result["run_dir"],
+                               collect_keep=True, total_timesteps=160)
+    kept = wm.main(keep)
+    earlier = jax.tree.map(np.asarray, result["outputs"]["collect"])
+    data = jax.tree.map(np.asarray, kept["outputs"]["collect"])
+    n0 = args.num_rollouts
+    assert data.valid.shape == (1, n0 + keep.num_rollouts, args.rollout_steps)
+    for got, want in zip(jax.tree.leaves(data), jax.tree.leaves(earlier)):
+        np.testing.assert_array_equal(got[:, :n0], want)
+    assert logger.read_metrics(Path(kept["run_dir"]) / "collect")["rollouts_kept"][0] == n0
+    later = wm.main(dataclasses.replace(args, run_root=str(tmp_path), stages=("vae",), source_run=kept["run_dir"]))
+    assert later["outputs"]["collect"].valid.shape == data.valid.shape  # loaded at the collecting run's shapes
+    assert np.isfinite(logger.read_metrics(Path(later["run_dir"]) / "vae")["vae_loss"]).all()
+
+    with pytest.raises(ValueError, match=r"rollout_steps=20 there, 10 here"):
+        wm.main(dataclasses.replace(keep, rollout_steps=10))
+    with pytest.raises(ValueError, match=r"collect_keep keeps the rollouts of the --collect-with run"):
+        dataclasses.replace(args, collect_keep=True)
+
+
 def kill_after(monkeypatch, stage: str, update: int):
     original = logger.Run.log
 
