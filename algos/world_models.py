@@ -831,11 +831,15 @@ def collect_stage(setup: Setup) -> Stage:
 
 def stored_rollouts(args: Args) -> int:
     """Rollouts a run's collect stage stores: its own, after those it keeps
-    from its --collect-with run (which may have kept some too)."""
+    from its --collect-with run (whose collect stage may be its --source-run's,
+    and may have kept some too)."""
     if not args.collect_keep:
         return args.num_rollouts
     assert args.collect_with is not None  # Args checks it
-    return stored_rollouts(cli.load_run_args(Args, args.collect_with)) + args.num_rollouts
+    earlier = cli.load_run_args(Args, args.collect_with)
+    while "collect" not in earlier.stages and earlier.source_run is not None:
+        earlier = cli.load_run_args(Args, earlier.source_run)
+    return stored_rollouts(earlier) + args.num_rollouts
 
 
 def rollouts_shape(args: Args, action_size: int) -> Rollouts:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every World Models number and image in docs/world_models.md comes from this script.
-#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|iterate|dream-done|figures|carracing|all]
+#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|iterate|dream-done|iterate-keep|figures|carracing|all]
 # real: the pixel-cartpole preset, all four stages, C evolved in the real env.
 # dream: C evolved inside the real run's M (pixel-cartpole-dream preset, V and M
 #   loaded from the real run with --source-run), evaluated in the real env.
@@ -118,6 +118,27 @@ if [[ $what == dream-done ]]; then
   for run in round1-expected round1-expected-keep-v; do
     $PY benchmarks/world_models_transfer.py "$(newest "$it/$run")"
   done
+fi
+# iterate-keep (after dream-done): the iterative round keeping round 0's rollouts (--collect-keep):
+# round0-expected's V, M and C play half of 111 new episodes of up to 540 steps, stored as 9
+# rollouts of 60 steps each after round 0's 500 random ones; M trained afresh on all of them, V
+# kept from round 0 (round1-keep-v) or trained afresh too (round1-keep); C evolved in the new dream.
+if [[ $what == iterate-keep ]]; then
+  seeds=${SEEDS:-4}
+  newest() { ls -d "$1"/*/ | head -1; }
+  it="$OUT/iterate"
+  round0=$(newest "$it/round0")
+  keep=(--dream-done expected --collect-with "$(newest "$it/round0-expected")" --collect-keep --collect-steps 540
+        --total-timesteps 60000)
+  rm -rf "$it/round1-keep-v" "$it/round1-keep"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-1-keep-v \
+    "${keep[@]}" --stages collect mdn controller --source-run "$round0" --run-root "$it/round1-keep-v"
+  $PY benchmarks/world_models_transfer.py "$(newest "$it/round1-keep-v")"
+  if [[ -z ${SKIP_V:-} ]]; then
+    $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-1-keep \
+      "${keep[@]}" --run-root "$it/round1-keep"
+    $PY benchmarks/world_models_transfer.py "$(newest "$it/round1-keep")"
+  fi
 fi
 if [[ $what == figures || $what == all ]]; then
   $PY benchmarks/world_models_figures.py "$OUT"
