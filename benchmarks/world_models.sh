@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every World Models number and image in docs/world_models.md comes from this script.
-#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|iterate|dream-done|iterate-keep|figures|carracing|all]
+#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|iterate|dream-done|iterate-keep|figures|carracing|carracing-cpu|all]
 # real: the pixel-cartpole preset, all four stages, C evolved in the real env.
 # dream: C evolved inside the real run's M (pixel-cartpole-dream preset, V and M
 #   loaded from the real run with --source-run), evaluated in the real env.
@@ -142,6 +142,22 @@ if [[ $what == iterate-keep ]]; then
 fi
 if [[ $what == figures || $what == all ]]; then
   $PY benchmarks/world_models_figures.py "$OUT"
+fi
+# carracing-cpu: issue 26's CarRacing result, the carracing-cpu preset for each seed of
+# CARRACING_SEEDS (default "0 1"; each a few hours on the idle 2-core Xeon, checkpointed: a killed
+# run resumes where it stopped), the evaluation video, a random policy's 100 episodes, the figures.
+if [[ $what == carracing-cpu ]]; then
+  for seed in ${CARRACING_SEEDS:-0 1}; do
+    root="$OUT/carracing-cpu/seed$seed"
+    last=$(ls -d "$root"/*/ 2>/dev/null | tail -1 || true)
+    if [[ -z $last ]]; then
+      $PY algos/world_models.py --preset carracing-cpu --seed "$seed" --capture-video --run-root "$root"
+    elif [[ ! -f $last/eval.json ]]; then
+      $PY algos/world_models.py --resume "$last"
+    fi
+  done
+  [[ -f $OUT/carracing-cpu/random.json ]] || $PY benchmarks/world_models_carracing_random.py --out "$OUT/carracing-cpu/random.json"
+  $PY benchmarks/world_models_figures.py --carracing $(ls -d "$OUT"/carracing-cpu/seed*/*/)
 fi
 if [[ $what == carracing || $what == all ]]; then
   if $PY -c "import Box2D" 2>/dev/null; then

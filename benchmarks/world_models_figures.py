@@ -3,6 +3,12 @@ benchmarks/world_models.sh: reconstructions, dream rollouts, CMA-ES curves,
 V and M losses, and benchmarks/out/world_models/summary.md.
 
     python benchmarks/world_models_figures.py benchmarks/out/world_models
+    python benchmarks/world_models_figures.py --carracing RUN_DIR [RUN_DIR ...]   # CarRacing runs, one per seed
+
+With --carracing: V's reconstructions of real frames and a dream of M
+decoded by V (the first run's seed), every run's CMA-ES curve in one panel
+each, and the first run's evaluation video (--capture-video) as a GIF:
+docs/img/world_models_carracing_*.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ def show(ax, frame, title=None):
         ax.set_title(title, fontsize=8)
 
 
-def reconstructions(world_models, outputs, path, count=8):
+def reconstructions(world_models, outputs, path, count=8, env="pixel CartPole"):
     data, params = first_seed(outputs["collect"]), first_seed(outputs["mdn"]).params
     lengths = np.asarray(data.valid.sum(1))
     rng = np.random.default_rng(0)
@@ -53,7 +59,7 @@ def reconstructions(world_models, outputs, path, count=8):
     for j in range(count):
         show(axes[0, j], frames[j], "real" if j == 0 else None)
         show(axes[1, j], decoded[j], "V(z) decoded" if j == 0 else None)
-    fig.suptitle("V on pixel CartPole: real frames (top) and their reconstructions from z = mean of q(z|x)", fontsize=9)
+    fig.suptitle(f"V on {env}: real frames (top) and their reconstructions from z = mean of q(z|x)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -84,6 +90,50 @@ def dreams(world_models, args, outputs, theta, path, steps=24, every=2):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def carracing_dream(world_models, args, outputs, theta, path, steps=48, every=4):
+    """M's dreams from a real first frame under the evolved C at two
+    temperatures, each z decoded by V, beside the real frames of that rollout
+    (random actions: not the dream's, a reference for what the track looks like)."""
+    data, params = first_seed(outputs["collect"]), first_seed(outputs["mdn"]).params
+    z0, _ = world_models.encode(params, data.frames[0, 0][None])
+    rows = {"real (random actions)": data.frames[0, : steps + 1]}
+    for tau in (1.0, args.dream_temperature):
+        dream = world_models.dream(params, theta, z0[0], jax.random.key(1), steps, tau)
+        rows[f"dream, C, tau {tau}"] = world_models.merge(params).vae.decode(dream[0])
+    columns = steps // every + 1
+    fig, axes = plt.subplots(len(rows), columns, figsize=(0.9 * columns, 1.2 * len(rows) + 0.5))
+    for r, (label, frames) in enumerate(rows.items()):
+        for c, t in enumerate(range(0, steps + 1, every)):
+            show(axes[r, c], frames[t], f"t={t}" if r == 0 else None)
+        axes[r, 0].set_ylabel(label, fontsize=7)
+    fig.suptitle("CarRacing-v3: M's dreams from a real first frame, decoded by V", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def carracing(run_dirs: list[Path]):
+    """docs/img/world_models_carracing_{reconstructions,dream,cmaes}.png and _agent.gif."""
+    args, world_models, outputs = wm.load_run(run_dirs[0])
+    theta = first_seed(outputs["controller"]).cma.mean
+    reconstructions(world_models, outputs, IMG / "world_models_carracing_reconstructions.png", env="CarRacing-v3")
+    carracing_dream(world_models, args, outputs, theta, IMG / "world_models_carracing_dream.png")
+    runs = {}
+    for run_dir in run_dirs:
+        summary = json.loads((run_dir / "eval.json").read_text())
+        seed = json.loads((run_dir / "args.json").read_text())["seed"]
+        runs[f"seed {seed}: {summary['mean']:.1f} +- {summary['std']:.1f} over 100 real episodes"] = run_dir
+    cma_curves(runs, IMG / "world_models_carracing_cmaes.png")
+    videos = sorted((run_dirs[0] / "videos").glob("*-seed*.mp4"))
+    if videos:
+        from jaxzoo import video
+
+        video.main([str(videos[0]), str(IMG / "world_models_carracing_agent.gif"), "--every", "4", "--width", "96",
+                    "--max-frames", "100"])
+    else:
+        print(f"no evaluation video in {run_dirs[0] / 'videos'} (run with --capture-video): no GIF")
 
 
 def controller_panels(runs: dict[str, Path], path, ylabel: str, draw):
@@ -212,4 +262,7 @@ def main(out: Path):
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/out/world_models"))
+    if sys.argv[1:2] == ["--carracing"]:
+        carracing([Path(p) for p in sys.argv[2:]])
+    else:
+        main(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/out/world_models"))
