@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
 
 import chex
-import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -308,9 +307,59 @@ class NatureCNN(nnx.Module):
         return self.mlp(x.reshape(x.shape[:-3] + (-1,)))
 
 
-# The policies are distrax distributions (as in PureJaxRL): a categorical over
-# logits for discrete actions, a diagonal Gaussian for continuous ones.
-Distribution: TypeAlias = "distrax.Categorical | distrax.MultivariateNormalDiag"
+# The policies: a categorical over logits for discrete actions, a diagonal
+# Gaussian for continuous ones. Written out rather than taken from distrax (as
+# PureJaxRL does): the four methods PPO needs are a few lines each, and
+# importing distrax (TensorFlow Probability's JAX substrate) cost 0.5 s of a
+# 10.8 s cold CartPole run (issue 27, docs/performance.md). The same draws
+# and formulas as distrax's (tests/test_ppo_math.py checks them against it),
+# equal to about the last bit: a run's numbers match an earlier version's for
+# a few updates, then drift apart as any two compiled programs' rounding may
+# (8 CartPole seeds: 500.0 on every one, before and after).
+class Categorical(NamedTuple):
+    """pi(a) = softmax(logits)_a; logits [B, A], actions [B] int."""
+
+    logits: jax.Array
+
+    def sample(self, seed: jax.Array) -> jax.Array:
+        return jax.random.categorical(seed, self.logits)
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        log_probs = jax.nn.log_softmax(self.logits)
+        return jnp.take_along_axis(log_probs, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+    def entropy(self) -> jax.Array:
+        """-sum_a pi(a) log pi(a) [B]."""
+        log_probs = jax.nn.log_softmax(self.logits)
+        return -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+
+    def mode(self) -> jax.Array:
+        return jnp.argmax(self.logits, axis=-1)
+
+
+class DiagonalGaussian(NamedTuple):
+    """N(mean, diag(std^2)) over actions; mean, std [B, A]."""
+
+    mean: jax.Array
+    std: jax.Array
+
+    def sample(self, seed: jax.Array) -> jax.Array:
+        return self.mean + self.std * jax.random.normal(seed, self.mean.shape, self.mean.dtype)
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        """sum_i -(a_i - mean_i)^2 / (2 std_i^2) - log std_i - log(2 pi) / 2  [B]."""
+        z = (action - self.mean) / self.std
+        return jnp.sum(-0.5 * jnp.square(z) - jnp.log(self.std) - 0.5 * jnp.log(2 * jnp.pi), axis=-1)
+
+    def entropy(self) -> jax.Array:
+        """sum_i log std_i + (1 + log(2 pi)) / 2  [B]."""
+        return jnp.sum(jnp.log(self.std) + 0.5 * (1.0 + jnp.log(2 * jnp.pi)), axis=-1)
+
+    def mode(self) -> jax.Array:
+        return self.mean
+
+
+Distribution: TypeAlias = Categorical | DiagonalGaussian
 
 
 class ActorCritic(nnx.Module):
@@ -350,8 +399,8 @@ class ActorCritic(nnx.Module):
     def distribution(self, actor_features: jax.Array) -> Distribution:
         out = self.policy_head(actor_features)
         if self.discrete:
-            return distrax.Categorical(logits=out)
-        return distrax.MultivariateNormalDiag(out, jnp.exp(self.log_std[...]) * jnp.ones_like(out))
+            return Categorical(out)
+        return DiagonalGaussian(out, jnp.exp(self.log_std[...]) * jnp.ones_like(out))
 
     def act(self, obs: jax.Array) -> Distribution:
         """The policy alone: acting needs no critic."""

@@ -162,11 +162,12 @@ def test_explained_variance():
     assert explained_variance(jnp.full(10, target.mean()), target) == pytest.approx(0.0, abs=1e-6)
 
 
-def test_policies_are_distrax_distributions_with_the_paper_formulas():
-    """ActorCritic's policies are distrax distributions; their samples are
-    jax.random.categorical's draws from the logits (the sampler of earlier
-    versions, so runs keep their actions), and log-probs and entropies are the
-    textbook formulas."""
+def test_policies_are_the_paper_formulas_and_draw_as_distrax_does():
+    """ActorCritic's policies (written out, not distrax's): log-probs and
+    entropies are the textbook formulas, and samples, log-probs and entropies
+    equal distrax's Categorical and MultivariateNormalDiag on the same inputs
+    and keys (the distributions of earlier versions, so runs keep their
+    actions)."""
     import distrax
     from flax import nnx
 
@@ -178,26 +179,34 @@ def test_policies_are_distrax_distributions_with_the_paper_formulas():
     model = ActorCritic(spec, "mlp", (8,), "tanh", False, nnx.Rngs(0))
     obs = jax.random.normal(keys[0], (5, 4)) * 3.0
     dist = model.act(obs)
-    assert isinstance(dist, distrax.Categorical)
     logits = model.policy_head(model.actor_torso(obs))
+    reference = distrax.Categorical(logits=logits)
     np.testing.assert_array_equal(dist.sample(seed=keys[1]), jax.random.categorical(keys[1], logits))
+    np.testing.assert_array_equal(dist.sample(seed=keys[1]), reference.sample(seed=keys[1]))
     actions = jax.random.randint(keys[2], (5,), 0, 3)
     log_probs = jax.nn.log_softmax(logits)
     np.testing.assert_allclose(dist.log_prob(actions), log_probs[jnp.arange(5), actions], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dist.log_prob(actions), reference.log_prob(actions), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(dist.entropy(), -(jnp.exp(log_probs) * log_probs).sum(-1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dist.entropy(), reference.entropy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(dist.mode(), jnp.argmax(logits, -1))
 
     spec = envs.EnvSpec((4,), False, 2, None, None, 10)
     model = ActorCritic(spec, "mlp", (8,), "tanh", False, nnx.Rngs(0))
     model.log_std[...] = jnp.array([-0.5, 0.3])
     dist = model.act(obs)
     mean, std = model.policy_head(model.actor_torso(obs)), jnp.exp(model.log_std[...])
+    reference = distrax.MultivariateNormalDiag(mean, std * jnp.ones_like(mean))
     actions = mean + 0.7
     z = (actions - mean) / std
     np.testing.assert_allclose(dist.log_prob(actions), (-0.5 * z**2 - jnp.log(std) - 0.5 * jnp.log(2 * jnp.pi)).sum(-1),
                                rtol=1e-5)
+    np.testing.assert_allclose(dist.log_prob(actions), reference.log_prob(actions), rtol=1e-5)
     np.testing.assert_allclose(dist.entropy(), jnp.full(5, (jnp.log(std) + 0.5 * (1 + jnp.log(2 * jnp.pi))).sum()),
                                rtol=1e-5)
+    np.testing.assert_allclose(dist.entropy(), reference.entropy(), rtol=1e-6)
     np.testing.assert_array_equal(dist.mode(), mean)
+    np.testing.assert_allclose(dist.sample(seed=keys[3]), reference.sample(seed=keys[3]), rtol=1e-6, atol=1e-6)
     samples = jax.vmap(lambda k: dist.sample(seed=k))(jax.random.split(keys[3], 20000))  # [20000, 5, 2]
     np.testing.assert_allclose(samples.mean(0), mean, atol=0.05)
     np.testing.assert_allclose(samples.std(0), jnp.broadcast_to(std, mean.shape), rtol=0.05)
