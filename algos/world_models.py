@@ -164,6 +164,8 @@ class Args:
     """M also predicts the reward of each step (needed to train C in the dream)"""
     predict_done: bool = True
     """M also predicts whether each step ends the episode (needed to train C in the dream)"""
+    done_hidden: Annotated[int, NonNegative] = 0
+    """width of a hidden ReLU layer between M's LSTM output and its done head (0: the head is linear in h, as the paper's VizDoom M; CartPole's end is two-sided, |angle| > 12 degrees, issue 26)"""
     balance_done: bool = False
     """weigh the done head's cross-entropy so that the steps that end an episode count as much, in all, as those that do not (a done is 1 step in 22 of random play; docs/world_models.md, issue 26)"""
     controller_env: Literal["real", "dream"] = "real"
@@ -351,7 +353,13 @@ class MDNRNN(nnx.Module):
         self.lstm = nnx.LSTMCell(z_size + action_size, args.rnn_size, rngs=rngs)
         self.mdn = nnx.Linear(args.rnn_size, 3 * z_size * args.num_mixtures, rngs=rngs)
         self.reward = nnx.Linear(args.rnn_size, 1, rngs=rngs) if args.predict_reward else None
-        self.done = nnx.Linear(args.rnn_size, 1, rngs=rngs) if args.predict_done else None
+        done_head: nnx.Module | None = None
+        if args.predict_done and args.done_hidden:
+            hidden = nnx.Linear(args.rnn_size, args.done_hidden, rngs=rngs)
+            done_head = nnx.Sequential(hidden, jax.nn.relu, nnx.Linear(args.done_hidden, 1, rngs=rngs))
+        elif args.predict_done:
+            done_head = nnx.Linear(args.rnn_size, 1, rngs=rngs)
+        self.done = done_head
         self.z_size, self.num_mixtures = z_size, args.num_mixtures
 
     def step(self, carry, z: jax.Array, action: jax.Array):

@@ -179,6 +179,20 @@ def test_balanced_done_loss_weighs_ends_as_much_as_the_rest():
     np.testing.assert_allclose(plain["done_recall"], (np.asarray(out.done_logit)[v & d] > 0).mean())
 
 
+def test_done_head_with_a_hidden_layer_is_relu_mlp_on_h():
+    """--done-hidden W: M's done logit is w2 . relu(W1 h + b1) + b2 on the LSTM's output h."""
+    args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "tiny"), predict_done=True, done_hidden=5)
+    mdn = wm.MDNRNN(args.z_size, 2, args, nnx.Rngs(0))
+    B = 3
+    carry = (jnp.zeros((B, args.rnn_size)), jnp.zeros((B, args.rnn_size)))
+    z, action = jax.random.normal(jax.random.key(0), (B, args.z_size)), jax.nn.one_hot(jnp.array([0, 1, 1]), 2)
+    (_, h), out = mdn.step(carry, z, action)
+    first, last = mdn.done.layers[0], mdn.done.layers[2]
+    assert first.kernel.shape == (args.rnn_size, 5) and last.kernel.shape == (5, 1)
+    by_hand = jax.nn.relu(h @ first.kernel[...] + first.bias[...]) @ last.kernel[...] + last.bias[...]
+    np.testing.assert_allclose(out.done_logit, by_hand[:, 0], rtol=1e-5, atol=1e-6)
+
+
 def test_dream_done_rules_threshold_sample_and_expected():
     """--dream-done: with M's done head fixed at p and its reward at 1, a dreamed
     return is `steps` under 'threshold' when p < 0.5 and 1 when p > 0.5 (the
