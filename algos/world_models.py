@@ -1631,6 +1631,20 @@ def load_stage(
     if name == "collect":  # the shapes of the run that collected (with --collect-keep it stored more rollouts)
         producer = rollouts_shape(cli.load_run_args(Args, run_dir), wm.rollouts_shape.actions.shape[-1])
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct((len(seeds), *x.shape), x.dtype), producer)
+    if name == "vae":  # only V is read from V's stage: the run that trained it may have had another M
+        producer_wm = make_train(cli.load_run_args(Args, run_dir))
+        produced = abstract_stage_state(name, producer_wm.vae, seeds, inputs, producer_wm)
+        shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)  # noqa: E731
+        if shapes(produced.params.vae) != shapes(abstract.params.vae):
+            raise ValueError(
+                f"stage 'vae' in {str(stage_dir)!r} trained another V (image_size, grayscale, z_size or "
+                "vae_depth differ from this run's); accepted: --source-run with a run of the same V sizes"
+            )
+        state, _ = checkpoint.restore(stage_dir, produced)
+        # this run's M in place of the producer's untrained one (zeros: the M stage starts its own)
+        unused_mdn = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), abstract.params.mdn)
+        state = state.replace(params=state.params._replace(mdn=unused_mdn))
+        return parallel.put(state, shardings(layout, abstract, STATE_DATA_AXES[name]))
     state, _ = checkpoint.restore(stage_dir, abstract)
     return parallel.put(state, shardings(layout, abstract, STATE_DATA_AXES[name]))
 

@@ -190,6 +190,19 @@ def test_collect_keep_adds_the_new_episodes_to_the_earlier_runs(tiny_run, tmp_pa
         dataclasses.replace(args, collect_keep=True)
 
 
+def test_v_from_a_run_with_another_m(tiny_run, tmp_path):
+    """Only V is read from a V stage: M can change (--done-hidden here) with V
+    from --source-run; a V of other sizes is refused, naming what to match."""
+    args, result = tiny_run
+    again = wm.main(dataclasses.replace(args, run_root=str(tmp_path), stages=("mdn",), done_hidden=4,
+                                        source_run=result["run_dir"]))
+    first = again["outputs"]["mdn"].params.mdn["mdn"]["done"]["layers"][0]["kernel"].value
+    assert first.shape == (1, args.rnn_size, 4)
+    assert np.isfinite(logger.read_metrics(Path(again["run_dir"]) / "mdn")["done_loss"]).all()
+    with pytest.raises(ValueError, match=r"trained another V .*accepted: --source-run with a run of the same V sizes"):
+        wm.main(dataclasses.replace(args, run_root=str(tmp_path), stages=("mdn",), z_size=8, source_run=result["run_dir"]))
+
+
 def kill_after(monkeypatch, stage: str, update: int):
     original = logger.Run.log
 
