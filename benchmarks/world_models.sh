@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every World Models number and image in docs/world_models.md comes from this script.
-#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|iterate|dream-done|iterate-keep|figures|carracing|carracing-cpu|all]
+#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|iterate|dream-done|iterate-keep|done-hidden|figures|carracing|carracing-cpu|all]
 # real: the pixel-cartpole preset, all four stages, C evolved in the real env.
 # dream: C evolved inside the real run's M (pixel-cartpole-dream preset, V and M
 #   loaded from the real run with --source-run), evaluated in the real env.
@@ -139,6 +139,23 @@ if [[ $what == iterate-keep ]]; then
       "${keep[@]}" --run-root "$it/round1-keep"
     $PY benchmarks/world_models_transfer.py "$(newest "$it/round1-keep")"
   fi
+fi
+# done-hidden (after dream-done): M's done head with a hidden ReLU layer of 64 (--done-hidden 64):
+# on round 0's rollouts and V (C in the dream with expected), then the iterative round keeping round
+# 0's rollouts, collected by that run's V, M and C, V kept from round 0.
+if [[ $what == done-hidden ]]; then
+  seeds=${SEEDS:-4}
+  it="$OUT/iterate"
+  newest() { ls -d "$1"/*/ | head -1; }
+  round0=$(newest "$it/round0")
+  rm -rf "$it/round0-done-hidden" "$it/round1-keep-v-done-hidden"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-0-done-hidden \
+    --done-hidden 64 --stages mdn controller --source-run "$round0" --run-root "$it/round0-done-hidden"
+  $PY benchmarks/world_models_transfer.py "$(newest "$it/round0-done-hidden")"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-1-keep-v-done-hidden \
+    --done-hidden 64 --collect-with "$(newest "$it/round0-done-hidden")" --collect-keep --collect-steps 540 \
+    --total-timesteps 60000 --stages collect mdn controller --source-run "$round0" --run-root "$it/round1-keep-v-done-hidden"
+  $PY benchmarks/world_models_transfer.py "$(newest "$it/round1-keep-v-done-hidden")"
 fi
 if [[ $what == figures || $what == all ]]; then
   $PY benchmarks/world_models_figures.py "$OUT"
