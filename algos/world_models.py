@@ -1289,13 +1289,11 @@ class CarRacingHost:
         self.vector: Any = None  # the AsyncVectorEnv, started on first use and kept (its processes start in seconds)
         # V, M and C's jitted step, made once: a new jax.jit each generation would trace and compile again
         self.act: Callable | None = None
-        self.jitted_preprocess: Callable | None = None
+        # one compiled program per frame batch shape (op by op, the resize dispatched a dozen ops every host step)
+        self.jitted_preprocess = jax.jit(self.crop_and_resize)
 
     def preprocess(self, frames: np.ndarray) -> np.ndarray:
-        """[B, 96, 96, 3] uint8 -> [B, S, S, C] uint8, one jitted program (run
-        op by op, the resize alone dispatched a dozen ops every host step)."""
-        if self.jitted_preprocess is None:
-            self.jitted_preprocess = jax.jit(self.crop_and_resize)
+        """[B, 96, 96, 3] uint8 -> [B, S, S, C] uint8."""
         return np.asarray(self.jitted_preprocess(frames))
 
     def crop_and_resize(self, frames: jax.Array) -> jax.Array:
@@ -1628,25 +1626,23 @@ def load_stage(
             f"finish it with --resume {run_dir}"
         )
     abstract = abstract_stage_state(name, stage, seeds, inputs, wm)
-    if name == "collect":  # the shapes of the run that collected (with --collect-keep it stored more rollouts)
-        producer = rollouts_shape(cli.load_run_args(Args, run_dir), wm.rollouts_shape.actions.shape[-1])
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct((len(seeds), *x.shape), x.dtype), producer)
-    if name == "vae":  # only V is read from V's stage: the run that trained it may have had another M
-        producer_wm = make_train(cli.load_run_args(Args, run_dir))
-        produced = abstract_stage_state(name, producer_wm.vae, seeds, inputs, producer_wm)
-        shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)  # noqa: E731
-        if shapes(produced.params.vae) != shapes(abstract.params.vae):
-            raise ValueError(
-                f"stage 'vae' in {str(stage_dir)!r} trained another V (image_size, grayscale, z_size or "
-                "vae_depth differ from this run's); accepted: --source-run with a run of the same V sizes"
-            )
-        state, _ = checkpoint.restore(stage_dir, produced)
-        # this run's M in place of the producer's untrained one (zeros: the M stage starts its own)
+    produced = abstract
+    if name in ("collect", "vae"):
+        # At the shapes of the run that made it: its rollouts (more than this run's own with
+        # --collect-keep), its V (trained beside an M that may differ from this run's: only V is read).
+        producer = make_train(cli.load_run_args(Args, run_dir))
+        produced = abstract_stage_state(name, getattr(producer, name), seeds, inputs, producer)
+    shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)  # noqa: E731
+    if name == "vae" and shapes(produced.params.vae) != shapes(abstract.params.vae):
+        raise ValueError(
+            f"stage 'vae' in {str(stage_dir)!r} trained another V (image_size, grayscale, z_size or "
+            "vae_depth differ from this run's); accepted: --source-run with a run of the same V sizes"
+        )
+    state, _ = checkpoint.restore(stage_dir, produced)
+    if name == "vae":  # this run's M in place of the producer's untrained one (zeros: the M stage starts its own)
         unused_mdn = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), abstract.params.mdn)
-        state = state.replace(params=state.params._replace(mdn=unused_mdn))
-        return parallel.put(state, shardings(layout, abstract, STATE_DATA_AXES[name]))
-    state, _ = checkpoint.restore(stage_dir, abstract)
-    return parallel.put(state, shardings(layout, abstract, STATE_DATA_AXES[name]))
+        state, produced = state.replace(params=state.params._replace(mdn=unused_mdn)), abstract
+    return parallel.put(state, shardings(layout, produced, STATE_DATA_AXES[name]))
 
 
 def load_run(run_dir: str | Path) -> tuple[Args, WorldModels, dict]:
