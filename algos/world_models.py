@@ -126,6 +126,8 @@ class Args:
     """longest collected episode, a multiple of rollout_steps, stored as consecutive rollouts of rollout_steps steps (M learns each piece from a fresh memory, the dreams may start at any piece); 0: rollout_steps"""
     collect_with: str | None = None
     """a finished run directory whose V, M and C (the CMA-ES mean of each seed) play the collect stage's last (1 - collect_random_fraction) episodes, the rest random: the paper's iterative training procedure (section 5); None: every episode random"""
+    collect_policy: Literal["uniform", "random-controller"] = "uniform"
+    """the random policy of the collect stage: uniform, actions drawn uniformly from the action space each step; random-controller (CarRacing only), the authors' extract.py: a linear C with random weights of scale U(0, 0.01) per episode, which drives nearly straight at half gas (uniform CarRacing actions brake as much as they accelerate: the car barely leaves the start)"""
     collect_random_fraction: Annotated[float, Fraction] = 0.5
     """with --collect-with, the share of the collected episodes that are still uniformly random"""
     collect_keep: bool = False
@@ -239,6 +241,11 @@ class Args:
             raise ValueError(
                 f"collect_steps={self.collect_steps} is not a multiple of rollout_steps={self.rollout_steps}; "
                 "accepted: 0 (episodes cut at rollout_steps) or a multiple of rollout_steps"
+            )
+        if self.collect_policy == "random-controller" and self.env_id not in HOST_ENVS:
+            raise ValueError(
+                f"collect_policy='random-controller' is the authors' CarRacing collection; env_id {self.env_id!r} "
+                f"is collected with collect_policy='uniform'; accepted with random-controller: {', '.join(HOST_ENVS)}"
             )
         if self.collect_with is not None and self.env_id in HOST_ENVS:
             raise ValueError(
@@ -699,9 +706,12 @@ class Setup(NamedTuple):
 
     def env_action(self, raw: jax.Array) -> jax.Array:
         """C's raw output [..., A] -> the env's action: argmax for discrete
-        actions, else tanh squashed into [low, high]."""
+        actions, CarRacing's own squashing (CarRacingHost.squash), else tanh
+        squashed into [low, high]."""
         if self.spec.discrete:
             return jnp.argmax(raw, axis=-1)
+        if self.host_env is not None:
+            return self.host_env.squash(raw)
         low, high = (jnp.asarray(x, jnp.float32) for x in (self.spec.action_low, self.spec.action_high))
         return low + (jnp.tanh(raw) + 1.0) * 0.5 * (high - low)
 
@@ -1263,7 +1273,8 @@ class CarRacingHost:
     generation, the evaluation) runs in rounds of that many, in lockstep.
     Frames: the 96 x 96 render without its bottom 12-pixel dashboard, resized
     to image_size (the paper crops and resizes to 64 x 64). Random rollouts
-    use actions uniform in [-1, 1] x [0, 1] x [0, 1]."""
+    use actions uniform in [-1, 1] x [0, 1] x [0, 1] or, with
+    --collect-policy random-controller, the authors' random C."""
 
     def __init__(self, args: Args):
         try:
@@ -1291,6 +1302,34 @@ class CarRacingHost:
         self.act: Callable | None = None
         # one compiled program per frame batch shape (op by op, the resize dispatched a dozen ops every host step)
         self.jitted_preprocess = jax.jit(self.crop_and_resize)
+
+    @staticmethod
+    def squash(raw):
+        """C's raw output [..., 3] -> (steer, gas, brake) as the authors'
+        model.py: tanh, (tanh + 1) / 2, clip(tanh, 0, 1). At raw 0 the car
+        goes straight at half gas without braking (a symmetric squash into
+        [0, 1] would brake at half as well, and the car would barely move)."""
+        squashed = jnp.tanh(raw)
+        steer, gas, brake = squashed[..., 0], (squashed[..., 1] + 1.0) / 2.0, jnp.clip(squashed[..., 2], 0.0, 1.0)
+        return jnp.stack([steer, gas, brake], axis=-1)
+
+    def random_policy(self, rng: np.random.Generator, n: int) -> Callable:
+        """act(frames [W, ...]) -> actions [W, 3] of --collect-policy for the
+        n episodes of one round. random-controller: the authors' extract.py
+        draws, per episode, a linear C with weights and bias ~ N(0, sigma^2),
+        sigma ~ U(0, 0.01), on the features of an untrained V and M ([z, h],
+        squared norm about 35: z ~ N(0, I_32), h near 0), so its raw output
+        is close to N(0, s^2) each step with s = sigma * sqrt(35) < 0.06;
+        drawn so here (no V or M exists yet), squashed as C's."""
+        if self.args.collect_policy == "uniform":
+            return lambda frames: rng.uniform([-1.0, 0.0, 0.0], [1.0, 1.0, 1.0], (len(frames), 3))
+        scale = rng.uniform(0.0, 0.01, (n, 1)) * np.sqrt(35.0)
+
+        def act(frames):
+            raw = scale * rng.standard_normal((n, 3))
+            return np.concatenate([np.asarray(self.squash(raw)), np.zeros((len(frames) - n, 3))])  # envs past n: idle
+
+        return act
 
     def preprocess(self, frames: np.ndarray) -> np.ndarray:
         """[B, 96, 96, 3] uint8 -> [B, S, S, C] uint8."""
@@ -1364,16 +1403,11 @@ class CarRacingHost:
         args, n = self.args, self.args.num_episodes
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1 - n - args.host_envs))
         rng = np.random.default_rng(seed)
-        random_actions = lambda frames: rng.uniform([-1.0, 0.0, 0.0], [1.0, 1.0, 1.0], (len(frames), 3))
-        parts = [
-            self.lockstep(
-                list(range(seed + i, seed + min(i + args.host_envs, n))),
-                args.episode_steps,
-                random_actions,
-                keep_frames=True,
-            )[:5]
-            for i in range(0, n, args.host_envs)
-        ]
+        parts = []
+        for first in range(0, n, args.host_envs):
+            seeds = list(range(seed + first, seed + min(first + args.host_envs, n)))
+            act = self.random_policy(rng, len(seeds))
+            parts.append(self.lockstep(seeds, args.episode_steps, act, keep_frames=True)[:5])
         actions, rewards, terminated, valid, frames = (np.concatenate(part) for part in zip(*parts))
         episodes = Rollouts(*(jnp.asarray(x) for x in (frames, actions, rewards, terminated, valid)))
         return cut_into_rollouts(episodes, args.rollout_steps)

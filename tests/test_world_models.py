@@ -352,6 +352,31 @@ def test_carracing_small_preset_runs_on_the_host(tmp_path):
     assert video.name == "final-seed0.mp4" and iio.imread(video).shape == (10, 288, 288, 3)
 
 
+def test_carracing_squash_and_random_controller_collection_are_the_authors():
+    """CarRacing's C output goes to (tanh, (tanh + 1) / 2, clip(tanh, 0, 1))
+    as the authors' model.py; --collect-policy random-controller drives nearly
+    straight at half gas without braking (their extract.py's random C), where
+    uniform actions brake as hard as they accelerate; other envs refuse it."""
+    raw = np.array([[0.0, 0.0, 0.0], [2.0, -2.0, -1.0], [-0.5, 1.0, 0.7]])
+    expected = np.stack([np.tanh(raw[:, 0]), (np.tanh(raw[:, 1]) + 1) / 2, np.clip(np.tanh(raw[:, 2]), 0, 1)], -1)
+    np.testing.assert_allclose(wm.CarRacingHost.squash(jnp.asarray(raw)), expected, rtol=1e-6)
+    np.testing.assert_allclose(wm.CarRacingHost.squash(jnp.zeros(3)), [0.0, 0.5, 0.0])
+    args = cli.preset_args(wm.Args, "world_models", "carracing-small")
+    assert args.collect_policy == "random-controller"
+    host = object.__new__(wm.CarRacingHost)  # random_policy needs only args: no box2d, no processes
+    host.args = args
+    act = host.random_policy(np.random.default_rng(0), 3)
+    actions = np.concatenate([act(np.zeros((4, 16, 16, 3))) for _ in range(200)]).reshape(200, 4, 3)
+    steer, gas, brake = actions[:, :3, 0], actions[:, :3, 1], actions[:, :3, 2]
+    assert np.abs(steer).max() < 0.3 and np.abs(gas - 0.5).max() < 0.15 and brake.min() == 0.0 and brake.max() < 0.3
+    assert np.all(actions[:, 3] == 0) and 0.3 < (brake == 0).mean() < 0.7  # the 4th env idles; brake clipped half the time
+    host.args = dataclasses.replace(args, collect_policy="uniform")
+    uniform = host.random_policy(np.random.default_rng(0), 3)(np.zeros((4, 16, 16, 3)))
+    assert uniform.shape == (4, 3) and uniform[:, 2].mean() > 0.1
+    with pytest.raises(ValueError, match="collect_policy='random-controller' is the authors' CarRacing collection"):
+        dataclasses.replace(cli.preset_args(wm.Args, "world_models", "tiny"), collect_policy="random-controller")
+
+
 def test_every_preset_is_valid():
     presets = cli.presets("world_models")
     assert {"pixel-cartpole", "pixel-cartpole-dream", "seed-notebook", "carracing-paper", "tiny"} <= set(presets)
@@ -385,8 +410,8 @@ def test_carracing_rounds_of_async_envs_match_one_env_stepped_by_hand(tmp_path):
         carry, total = (jnp.zeros((1, args.rnn_size)), jnp.zeros((1, args.rnn_size))), 0.0
         for _ in range(steps):
             z, _ = models.vae.encode(wm.to_float(host.preprocess(raw[None])))
-            low, high = np.array([-1.0, 0, 0]), np.ones(3)
-            action = low + (jnp.tanh(wm.controller_action(thetas[i : i + 1], z, carry[1], 3)) + 1) * 0.5 * (high - low)
+            steer, gas, brake = np.tanh(np.asarray(wm.controller_action(thetas[i : i + 1], z, carry[1], 3))[0])
+            action = jnp.array([[steer, (gas + 1) / 2, max(brake, 0.0)]])  # the authors' model.py squashing
             carry, _ = models.mdn.step(carry, z, action)
             raw, reward, term, trunc, _ = env.step(np.asarray(action[0], np.float32))
             total += reward
