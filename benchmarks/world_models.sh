@@ -176,6 +176,19 @@ if [[ $what == carracing-cpu ]]; then
   [[ -f $OUT/carracing-cpu/random.json ]] || $PY benchmarks/world_models_carracing_random.py --out "$OUT/carracing-cpu/random.json"
   $PY benchmarks/world_models_figures.py --carracing $(ls -d "$OUT"/carracing-cpu/seed*/*/)
 fi
+# carracing-dream: issue 26's CarRacing dream: C evolved in M's dream (carracing-cpu-dream: M with
+# reward and done heads trained on seed 0's rollouts and V), evaluated over 100 real episodes.
+if [[ $what == carracing-dream ]]; then
+  source_run=$(ls -d "$OUT"/carracing-cpu/seed0/*/ | head -1)
+  root="$OUT/carracing-cpu-dream/seed0"
+  last=$(ls -d "$root"/*/ 2>/dev/null | tail -1 || true)
+  if [[ -z $last ]]; then
+    $PY algos/world_models.py --preset carracing-cpu-dream --stages mdn controller --source-run "$source_run" \
+      --capture-video --run-root "$root"
+  elif [[ ! -f $last/eval.json ]]; then
+    $PY algos/world_models.py --resume "$last"
+  fi
+fi
 if [[ $what == carracing || $what == all ]]; then
   if $PY -c "import Box2D" 2>/dev/null; then
     rm -rf "$OUT/carracing-small"
