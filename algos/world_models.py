@@ -1865,7 +1865,8 @@ def evaluate_controller(args: Args, wm: WorldModels, params, mean, keys, seeds, 
     episode of each seed is also written to videos/final-seed<S>.mp4."""
     record = args.capture_video
     evaluate = functools.partial(wm.evaluate, record=record)
-    if wm.controller.host:  # one seed after another: the host env cannot be traced
+    on_host = args.env_id in HOST_ENVS  # evaluated in the host env whether C was evolved there or in the dream
+    if on_host:  # one seed after another: the host env cannot be traced
         outcomes = [evaluate(jax.tree.map(lambda x: x[j], params), mean[j], keys[j]) for j in range(args.num_seeds)]
         if record:
             returns = np.stack([np.asarray(r) for r, _ in outcomes])
@@ -1881,7 +1882,7 @@ def evaluate_controller(args: Args, wm: WorldModels, params, mean, keys, seeds, 
         from jaxzoo import video
 
         host_seeds = parallel.to_host(seeds)
-        seed_groups = [[s] for s in host_seeds] if wm.controller.host else [host_seeds]
+        seed_groups = [[s] for s in host_seeds] if on_host else [host_seeds]
         for recording, group in zip(recordings, seed_groups):
             video.write_recordings(run_dir / "videos", args.env_id, recording, group, "final")
     return returns

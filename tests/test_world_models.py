@@ -350,6 +350,15 @@ def test_carracing_small_preset_runs_on_the_host(tmp_path):
 
     (video,) = (Path(result["run_dir"]) / "videos").iterdir()
     assert video.name == "final-seed0.mp4" and iio.imread(video).shape == (10, 288, 288, 3)
+    # the dream recipe (carracing-cpu-dream's flags) on that run's collect and V: C evolved in M's
+    # dream, then evaluated in the host env (it once went to the traced evaluation and failed)
+    dream_args = dataclasses.replace(
+        args, run_root=str(tmp_path / "dream"), predict_reward=True, predict_done=True, controller_env="dream",
+        stages=("mdn", "controller"), source_run=result["run_dir"],
+    )
+    dreamed = wm.main(dream_args)
+    assert dreamed["controller_env"] == "dream" and np.asarray(dreamed["returns"]).shape == (1, 1)
+    assert np.isfinite(dreamed["mean"]) and dreamed["mean"] != 0.0  # real CarRacing rewards: -0.1 a step, tiles
 
 
 def test_carracing_squash_and_random_controller_collection_are_the_authors():
