@@ -23,6 +23,7 @@ EMA target model, and the target encoder's latent of the next observation:
     python algos/unizero.py                          # CartPole-v1 (= --preset cartpole)
     python algos/unizero.py --preset cartpole-v0     # LightZero's CartPole config (200-step episodes)
     python algos/unizero.py --search-policy puct     # MuZero's PUCT search with Dirichlet noise
+    python algos/unizero.py --preset atari-100k      # envpool:Breakout-v5 from 64x64 RGB frames (atari extra)
 
 Details, logged metrics and measured results: docs/unizero.md.
 """
@@ -43,7 +44,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import buffers, cli, envs, layers, parallel, runner
+from jaxzoo import atari, buffers, cli, envs, layers, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Positive, Range, check_fields
 
 
@@ -61,7 +62,7 @@ class Args:
     num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "CartPole-v1"
-    """gymnax environment id (discrete actions only)"""
+    """gymnax environment id (discrete actions only), or an Atari game stepped by envpool inside jit, 'envpool:<Game>-v5' (needs the `atari` extra; one seed per process; docs/unizero.md, Atari)"""
     total_timesteps: Annotated[int, AtLeastOne] = 50_000
     """environment steps per seed"""
     log_every: Annotated[int, AtLeastOne] = 5
@@ -101,7 +102,7 @@ class Args:
     eval_every: Annotated[int, NonNegative] = 0
     """updates between greedy evaluations during training (search, no noise), logged as eval_return; 0: only at the end"""
     max_episode_steps: Annotated[int, NonNegative] = 0
-    """time limit of an episode in env steps; 0 keeps the env's own (200 for LightZero's CartPole-v0)"""
+    """time limit of an episode in env steps; 0 keeps the env's own (200 for LightZero's CartPole-v0; envpool: 27,000 agent steps)"""
     num_envs: Annotated[int, AtLeastOne] = 8
     """parallel environments per seed (LightZero: 8 collector envs)"""
     num_steps: Annotated[int, AtLeastOne] = 25
@@ -164,9 +165,30 @@ class Args:
     """dropout in the transformer during training (LightZero: 0.1); acting and targets run without it"""
     support_size: Annotated[int, Range(ge=3)] = 101
     """bins of the categorical reward and value heads, on [-(n-1)/2, (n-1)/2] in h-space"""
+    conv_channels: Annotated[int, Range(ge=2)] = 64
+    """envpool ids: channels of the downsampling ResNet encoder (its first stage has half; LightZero's num_channels: 64)"""
+    # Atari preprocessing (DeepMind's, done by envpool; envpool ids only; common/atari.py)
+    frame_skip: Annotated[int, AtLeastOne] = 4
+    """Atari: emulator frames per agent step, the action repeated (the last two frames max-pooled)"""
+    frame_stack: Annotated[int, AtLeastOne] = 4
+    """Atari: frames stacked on the channel axis of an observation"""
+    noop_max: Annotated[int, AtLeastOne] = 30
+    """Atari: up to this many no-op frames at every reset, drawn uniformly (1: no random no-op starts)"""
+    episodic_life: bool = True
+    """Atari: a lost life is `terminated` for the learner (the logged score stays the whole game's)"""
+    fire_reset: bool = True
+    """Atari: press FIRE after every reset in games that need it to start"""
+    reward_clip: bool = True
+    """Atari: the learner sees the sign of each reward (the logged score is unclipped)"""
+    image_size: Annotated[int, AtLeastOne] = 84
+    """Atari: side of the square frames in pixels"""
+    grayscale: bool = True
+    """Atari: one-channel frames instead of RGB"""
 
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
+        if atari.is_envpool(self.env_id):
+            atari.check_args(self)  # what an envpool id cannot do (common/atari.py): several seeds, --parallel data
         if self.context_steps > self.num_unroll_steps:
             raise ValueError(
                 f"context_steps={self.context_steps} exceeds num_unroll_steps={self.num_unroll_steps} (the root would "
@@ -336,6 +358,79 @@ class Encoder(nnx.Module):
         return self.out_norm(x)
 
 
+def conv3x3(x: jax.Array, kernel: nnx.Linear, stride: int = 1) -> jax.Array:
+    """[..., H, W, C] -> [..., ceil(H / stride), ceil(W / stride), C_out]: a 3x3
+    convolution over one pixel of zero padding, written as patches @ kernel
+    (`kernel` is an nnx.Linear from 9 C to C_out; docs/ppo.md, detail 13)."""
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [(1, 1), (1, 1), (0, 0)])
+    return kernel(layers.patches(x, 3, stride))
+
+
+def average_pool(x: jax.Array) -> jax.Array:
+    """[..., H, W, C] -> [..., ceil(H / 2), ceil(W / 2), C]: 3x3 average pooling
+    with stride 2 over one pixel of zero padding, the zeros counted in the mean
+    (PyTorch's AvgPool2d(3, 2, 1), which LightZero's encoder uses)."""
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [(1, 1), (1, 1), (0, 0)])
+    windows = layers.patches(x, 3, 2)  # [..., h, w, 9 C], tap-major
+    return windows.reshape(windows.shape[:-1] + (9, x.shape[-1])).mean(-2)
+
+
+def feature_map_norm(channels: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    """LayerNorm over a whole feature map [..., H, W, C] with a scale and a bias
+    per channel (LightZero's norm_type 'LN'): no batch statistics, unlike
+    BatchNorm. Not per pixel: Atari frames have uniform regions (Breakout's
+    black background), where a per-pixel norm would divide ~0 by ~0 and its
+    gradient would explode."""
+    return nnx.LayerNorm(channels, epsilon=1e-5, reduction_axes=(-3, -2, -1), feature_axes=-1, rngs=rngs)
+
+
+class ResidualBlock(nnx.Module):
+    """[..., H, W, C] -> [..., H, W, C]: GELU(x + LN(conv(GELU(LN(conv(x)))))),
+    the "basic" residual block of MuZero's Atari encoder, with
+    `feature_map_norm` in place of BatchNorm."""
+
+    def __init__(self, channels: int, rngs: nnx.Rngs):
+        self.conv1, self.norm1 = nnx.Linear(9 * channels, channels, rngs=rngs), feature_map_norm(channels, rngs)
+        self.conv2, self.norm2 = nnx.Linear(9 * channels, channels, rngs=rngs), feature_map_norm(channels, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jax.nn.gelu(self.norm1(conv3x3(x, self.conv1)))
+        return jax.nn.gelu(x + self.norm2(conv3x3(y, self.conv2)))
+
+
+class AtariEncoder(nnx.Module):
+    """Atari frames [..., H, W, C] (uint8) -> latent [..., D]: UniZero's
+    downsampling ResNet (LightZero's DownSample + RepresentationNetworkUniZero,
+    after MuZero's Atari representation network, Schrittwieser et al. 2020,
+    appendix), in a lighter form (docs/unizero.md, Atari):
+
+        3x3 conv stride 2 (C/2) -> res block -> 3x3 conv stride 2 (C) -> res block
+        -> 3x3 average pool stride 2 -> res block -> flatten -> Linear -> LayerNorm
+
+    so a 64 x 64 frame becomes 8 x 8 x C features (LightZero's 64 x 8 x 8 =
+    4096 for C = 64) before the projection to D. Frames are scaled to [0, 1]
+    here, so replay keeps bytes."""
+
+    def __init__(self, obs_shape: tuple[int, ...], dim: int, channels: int, rngs: nnx.Rngs):
+        height, width, in_channels = obs_shape
+        half = channels // 2
+        self.conv1, self.norm1 = nnx.Linear(9 * in_channels, half, rngs=rngs), feature_map_norm(half, rngs)
+        self.block1 = ResidualBlock(half, rngs)
+        self.conv2, self.norm2 = nnx.Linear(9 * half, channels, rngs=rngs), feature_map_norm(channels, rngs)
+        self.block2 = ResidualBlock(channels, rngs)
+        self.block3 = ResidualBlock(channels, rngs)
+        eighth = lambda n: -(-n // 8)  # three halvings, each rounding up
+        self.linear = nnx.Linear(eighth(height) * eighth(width) * channels, dim, rngs=rngs)
+        self.out_norm = nnx.LayerNorm(dim, rngs=rngs)
+
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = obs.astype(jnp.float32) / 255.0
+        x = self.block1(jax.nn.gelu(self.norm1(conv3x3(x, self.conv1, 2))))  # [..., H/2, W/2, C/2]
+        x = self.block2(jax.nn.gelu(self.norm2(conv3x3(x, self.conv2, 2))))  # [..., H/4, W/4, C]
+        x = self.block3(average_pool(x))  # [..., H/8, W/8, C]
+        return self.out_norm(self.linear(x.reshape(x.shape[:-3] + (-1,))))
+
+
 class WorldModel(nnx.Module):
     """UniZero's model: encoder, action embedding, causal transformer, heads.
 
@@ -347,7 +442,11 @@ class WorldModel(nnx.Module):
 
     def __init__(self, obs_shape, num_actions: int, args: Args, rngs: nnx.Rngs):
         dim = args.embed_dim
-        self.encoder = Encoder(obs_shape, dim, rngs)
+        self.encoder = (  # envpool ids: the downsampling ResNet for Atari frames; else the MLP / MinAtar conv
+            AtariEncoder(obs_shape, dim, args.conv_channels, rngs)
+            if atari.is_envpool(args.env_id)
+            else Encoder(obs_shape, dim, rngs)
+        )
         self.action_embedding = nnx.Embed(num_actions, dim, rngs=rngs)
         self.blocks = nnx.List([Block(dim, args.num_heads, args.dropout, rngs) for _ in range(args.num_layers)])
         self.final_norm = nnx.LayerNorm(dim, rngs=rngs)
@@ -635,10 +734,11 @@ def env_options(env_id: str, max_episode_steps: int = 0) -> dict:
     return options
 
 
-def empty_history(num: int, context_steps: int, obs_shape: tuple[int, ...]) -> History:
-    """The root context of `num` envs before their first step: C slots, none valid."""
+def empty_history(num: int, context_steps: int, obs_shape: tuple[int, ...], dtype=jnp.float32) -> History:
+    """The root context of `num` envs before their first step: C slots, none
+    valid; `dtype` is the observations' (uint8 Atari frames stay bytes)."""
     return History(
-        obs=jnp.zeros((num, context_steps) + obs_shape),
+        obs=jnp.zeros((num, context_steps) + obs_shape, dtype),
         action=jnp.zeros((num, context_steps), jnp.int32),
         timestep=jnp.zeros((num, context_steps), jnp.int32),
         valid=jnp.zeros((num, context_steps), bool),
@@ -789,7 +889,7 @@ def evaluate_greedy(eval_env, env_params, search, args: Args, max_steps: int, st
     def keep_going(carry):
         return ~jnp.all(carry[5]) & (carry[7] < max_steps + 1)
 
-    history = empty_history(E, args.context_steps, obs.shape[1:])
+    history = empty_history(E, args.context_steps, obs.shape[1:], obs.dtype)
     carry = (obs, env_state, jnp.zeros(E, jnp.int32), history, key, jnp.zeros(E, bool), jnp.zeros(E), 0)
     final = jax.lax.while_loop(keep_going, body, carry)
     return envs.with_recording(final[6], eval_env, final[1])
@@ -886,9 +986,20 @@ class UniZero(NamedTuple):
     spec: envs.EnvSpec
 
 
-def make_train(args: Args) -> UniZero:
-    """Build the environments, the model's graphdef and the optimizer, and
-    return the training functions (`UniZero`); `train` is the whole run."""
+def make_envs(args: Args):
+    """(env, env_params, eval_env, spec): the training envs (num_envs) and the
+    greedy evaluation's (eval_episodes), with --capture-video recording each
+    seed's first evaluation episode (jaxzoo.video)."""
+    if atari.is_envpool(args.env_id):
+        # DeepMind's preprocessing by envpool, stepped inside jit (common/atari.py), the Args' Atari flags
+        # as atari.make's keywords; frames stay uint8. The evaluation pool is a second pool (role 1) with
+        # its own seed stream; the logged episode is the whole game, unclipped.
+        preprocessing = atari.preprocessing(args)
+        env, env_params = atari.make(args.env_id, args.num_envs, seed=args.seed, **preprocessing)
+        eval_env, _ = atari.make(args.env_id, args.eval_episodes, seed=args.seed, role=1, **preprocessing)
+        if args.capture_video:
+            eval_env = envs.RecordEpisode(eval_env, env.spec.max_episode_steps + 1)
+        return env, env_params, eval_env, env.spec
     env_kwargs = env_options(args.env_id, args.max_episode_steps)
     spec = envs.spec(*envs.make(args.env_id, **env_kwargs))
     if not spec.discrete:
@@ -898,8 +1009,15 @@ def make_train(args: Args) -> UniZero:
         )
     env, env_params = envs.make(args.env_id, args.num_envs, **env_kwargs)
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, **env_kwargs)
-    if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
+    if args.capture_video:
         eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
+    return env, env_params, eval_env, spec
+
+
+def make_train(args: Args) -> UniZero:
+    """Build the environments, the model's graphdef and the optimizer, and
+    return the training functions (`UniZero`); `train` is the whole run."""
+    env, env_params, eval_env, spec = make_envs(args)
     N, L = args.num_envs, args.window_length
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: WorldModel(spec.obs_shape, spec.num_actions, args, nnx.Rngs(0))))
     optimizer = make_optimizer(args)
@@ -930,7 +1048,7 @@ def make_train(args: Args) -> UniZero:
             env_state=env_state,
             obs=obs,
             timestep=jnp.zeros(N, jnp.int32),
-            history=empty_history(N, args.context_steps, spec.obs_shape),
+            history=empty_history(N, args.context_steps, spec.obs_shape, obs.dtype),
             key=key,
             env_steps=jnp.int32(0),
             gradient_steps=jnp.int32(0),
@@ -989,6 +1107,9 @@ def make_train(args: Args) -> UniZero:
             "gradient_steps": state.gradient_steps.astype(jnp.float32),
             "buffer_size": (state.buffer.size * N).astype(jnp.float32),
         }
+        if atari.is_envpool(args.env_id):
+            # An Atari "episode" is the whole game: the unclipped score over all its lives (common/atari.py, 5).
+            metrics["game_score"], metrics["game_length"] = metrics["episode_return"], metrics["episode_length"]
         return state, metrics
 
     def train(key: jax.Array, hparams: Hyperparams | None = None):

@@ -139,7 +139,9 @@ def check_args(args: Any, extra: Iterable[tuple[bool, str]] = ()) -> None:
     """Refuse what an algorithm's Args cannot do with an envpool id, before
     anything is built (the id itself is checked when the env is built): several
     seeds (module docstring, 8), --parallel data, a torso not for frames; then
-    the algorithm's own `extra` (refused, message) pairs."""
+    the algorithm's own `extra` (refused, message) pairs. Args without a
+    `torso` field (unizero.py, whose encoder follows the env id) skip that check."""
+    torso = getattr(args, "torso", "auto")
     refused = [
         (
             args.num_seeds != 1,
@@ -148,8 +150,8 @@ def check_args(args: Any, extra: Iterable[tuple[bool, str]] = ()) -> None:
         ),
         (args.parallel == "data", "--parallel data is not supported: the envs live in one envpool pool"),
         (
-            args.torso not in ("auto", "nature"),
-            f"torso={args.torso!r} is not for Atari frames; accepted: auto, nature",
+            torso not in ("auto", "nature"),
+            f"torso={torso!r} is not for Atari frames; accepted: auto, nature",
         ),
         *extra,
     ]

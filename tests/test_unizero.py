@@ -2,11 +2,13 @@
 a hyperparameter sweep, the command line, bad input."""
 
 import dataclasses
+import importlib.util
 
 import jax
 import numpy as np
 import pytest
 from conftest import assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
+from flax import nnx
 
 from jaxzoo import cli, logger, runner
 from jaxzoo.algos import unizero as uz
@@ -136,3 +138,76 @@ def test_presets_build(preset):
         assert algo.spec.obs_shape == (10, 10, 4)
         _, metrics = jax.eval_shape(algo.update, state)
         assert metrics["loss"].shape == ()
+
+
+# ---- Atari through envpool (common/atari.py; the `atari` extra) ----------------------------
+needs_envpool = pytest.mark.skipif(
+    importlib.util.find_spec("envpool") is None, reason='envpool is not installed (pip install -e ".[atari]")'
+)
+
+
+@needs_envpool
+def test_tiny_atari_trains_end_to_end_and_logs_the_game_score(tmp_path):
+    """tiny-atari: Breakout from 32x32 RGB bytes through envpool, the
+    downsampling ResNet encoder, PUCT search, 3 updates in chunks of 2. Games
+    are cut at 30 agent steps, so each env's first game ends in the second
+    update (steps 16-31) and its whole-game score is logged."""
+    args = dataclasses.replace(cli.preset_args(uz.Args, "unizero", "tiny-atari"), run_root=str(tmp_path))
+    result = uz.main(args)
+    assert result.chunk_traces == 1
+    for name in LOSSES + ("value_target", "root_value", "search_entropy"):  # learning starts in the first update
+        assert result.metrics[name].shape == (1, args.num_updates) and np.isfinite(result.metrics[name]).all(), name
+    # Replay keeps the frames as bytes: [seeds, rows, envs, 32, 32, 3] uint8, real screens.
+    frames = np.asarray(result.state.buffer.data.obs)
+    assert frames.shape == (1, args.buffer_size // args.num_envs, args.num_envs, 32, 32, 3) and frames.dtype == np.uint8
+    assert 0 < frames.mean() < 255
+    rows = logger.read_metrics(result.run_dir)
+    ended = np.isfinite(rows["game_score"])
+    np.testing.assert_array_equal(ended, [False, True, False])  # 2 envs x 16 steps per update
+    assert (rows["game_length"][ended] == args.max_episode_steps).all() and (rows["game_score"][ended] >= 0).all()
+    np.testing.assert_array_equal(rows["episodes_finished"], [0, args.num_envs, 0])
+    assert result.eval_returns.shape == (1, args.eval_episodes) and np.isfinite(result.eval_returns).all()
+
+
+@needs_envpool
+def test_atari_100k_preset_builds_lightzeros_shapes():
+    """atari-100k: 64x64 RGB single frames stored as bytes (8 envs), the
+    encoder's 8 x 8 x 64 = 4096 features projected to 768 (LightZero's
+    RepresentationNetworkUniZero), and its update traces (no compile)."""
+    args = cli.preset_args(uz.Args, "unizero", "atari-100k")
+    assert args.num_seeds == 1 and args.frame_stack == 1
+    algo = uz.make_train(args)
+    assert algo.spec.obs_shape == (64, 64, 3) and algo.spec.num_actions == 4
+    state = jax.eval_shape(algo.init, jax.random.key(0))
+    assert state.buffer.data.obs.shape == (args.buffer_size // 8, 8, 64, 64, 3)
+    assert state.buffer.data.obs.dtype == np.uint8 and state.history.obs.dtype == np.uint8
+    assert state.params["encoder"]["linear"]["kernel"].shape == (4096, 768)
+    _, metrics = jax.eval_shape(algo.update, state)
+    assert metrics["loss"].shape == metrics["game_score"].shape == ()
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_atari_encoder_convolution_and_pooling_are_laxs(stride):
+    """conv3x3 (patches @ kernel over one pixel of zero padding) is lax.conv with
+    padding 1; average_pool is a 3x3 window sum / 9 with stride 2 over zero
+    padding (PyTorch's AvgPool2d(3, 2, 1), count_include_pad)."""
+    x = jax.random.normal(jax.random.key(0), (2, 7, 8, 3))
+    kernel = nnx.Linear(27, 5, rngs=nnx.Rngs(0))
+    weights = kernel.kernel[...].reshape(3, 3, 3, 5)  # HWIO, tap (i, j) at rows (3i + j) * C ...
+    padding, layout = ((1, 1), (1, 1)), ("NHWC", "HWIO", "NHWC")
+    expected = kernel.bias[...] + jax.lax.conv_general_dilated(
+        x, weights, (stride, stride), padding, dimension_numbers=layout, precision=jax.lax.Precision.HIGHEST
+    )
+    assert expected.shape == (2, -(-7 // stride), -(-8 // stride), 5)
+    np.testing.assert_allclose(uz.conv3x3(x, kernel, stride), expected, rtol=1e-4, atol=1e-5)
+    pooled = jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    np.testing.assert_allclose(uz.average_pool(x), pooled / 9, rtol=1e-5, atol=1e-6)
+
+
+def test_atari_bad_input():
+    """envpool ids: one seed per process (envpool's XLA calls cannot be vmapped),
+    refused before anything is built, with the bad value named."""
+    with pytest.raises(ValueError, match="envpool:Breakout-v5.*num_seeds must be 1, got 2"):
+        uz.Args(env_id="envpool:Breakout-v5", num_seeds=2)
+    with pytest.raises(ValueError, match="--parallel data is not supported"):
+        uz.Args(env_id="envpool:Breakout-v5", parallel="data")
