@@ -1270,7 +1270,7 @@ class CarRacingHost:
     and C batched and jitted. `host_envs` envs step at once, each in its own
     process (gymnasium's AsyncVectorEnv), so every core renders and simulates
     while the main process runs the models; a batch of more episodes (a CMA-ES
-    generation, the evaluation) runs in rounds of that many, in lockstep.
+    generation, the evaluation) runs on them as a work queue (`episodes`).
     Frames: the 96 x 96 render without its bottom 12-pixel dashboard, resized
     to image_size (the paper crops and resizes to 64 x 64). Random rollouts
     use actions uniform in [-1, 1] x [0, 1] x [0, 1] or, with
@@ -1313,23 +1313,29 @@ class CarRacingHost:
         steer, gas, brake = squashed[..., 0], (squashed[..., 1] + 1.0) / 2.0, jnp.clip(squashed[..., 2], 0.0, 1.0)
         return jnp.stack([steer, gas, brake], axis=-1)
 
-    def random_policy(self, rng: np.random.Generator, n: int) -> Callable:
-        """act(frames [W, ...]) -> actions [W, 3] of --collect-policy for the
-        n episodes of one round. random-controller: the authors' extract.py
-        draws, per episode, a linear C with weights and bias ~ N(0, sigma^2),
-        sigma ~ U(0, 0.01), on the features of an untrained V and M ([z, h],
-        squared norm about 35: z ~ N(0, I_32), h near 0), so its raw output
-        is close to N(0, s^2) each step with s = sigma * sqrt(35) < 0.06;
-        drawn so here (no V or M exists yet), squashed as C's."""
-        if self.args.collect_policy == "uniform":
-            return lambda frames: rng.uniform([-1.0, 0.0, 0.0], [1.0, 1.0, 1.0], (len(frames), 3))
-        scale = rng.uniform(0.0, 0.01, (n, 1)) * np.sqrt(35.0)
+    def random_policy(self, seeds: list[int]) -> Callable:
+        """act(frames [W, ...], episode [W], starting [W]) -> actions [W, 3]
+        of --collect-policy for the episodes of `seeds` (see `episodes`), each
+        episode's draws from its own generator (seeded by its track seed), so
+        they do not depend on which process plays it or when. uniform: every
+        step uniform in the action box. random-controller: the authors'
+        extract.py draws, per episode, a linear C with weights and bias ~ N(0,
+        sigma^2), sigma ~ U(0, 0.01), on the features of an untrained V and M
+        ([z, h], squared norm about 35: z ~ N(0, I_32), h near 0), so its raw
+        output is close to N(0, s^2) each step with s = sigma * sqrt(35) <
+        0.06; drawn so here (no V or M exists yet), squashed as C's."""
+        rngs = [np.random.default_rng([seed, 1]) for seed in seeds]
+        scales = [rng.uniform(0.0, 0.01) * np.sqrt(35.0) for rng in rngs]
+        low, high = np.array([-1.0, 0.0, 0.0]), np.ones(3)
 
-        def act(frames):
-            raw = scale * rng.standard_normal((n, 3))
-            return np.concatenate([np.asarray(self.squash(raw)), np.zeros((len(frames) - n, 3))])  # envs past n: idle
+        def one(e: int) -> np.ndarray:
+            if e < 0:  # an idle process: its action is ignored
+                return np.zeros(3)
+            if self.args.collect_policy == "uniform":
+                return rngs[e].uniform(low, high)
+            return np.asarray(self.squash(jnp.asarray(scales[e] * rngs[e].standard_normal(3))))
 
-        return act
+        return lambda frames, episode, starting: np.stack([one(int(e)) for e in episode])
 
     def preprocess(self, frames: np.ndarray) -> np.ndarray:
         """[B, 96, 96, 3] uint8 -> [B, S, S, C] uint8."""
@@ -1343,12 +1349,14 @@ class CarRacingHost:
         return pixels_to_uint8(image)
 
     def vector_env(self):
-        """The host_envs CarRacing-v3 processes. forkserver, not fork: a child
-        forked from this multithreaded JAX process could deadlock (Python and
-        JAX warn of it); the fork server is started once, from a clean process."""
+        """The host_envs CarRacing-v3 processes (`make_idle_when_asked`),
+        without autoreset (`episodes` resets each process itself). forkserver,
+        not fork: a child forked from this multithreaded JAX process could
+        deadlock (Python and JAX warn of it); the fork server is started once,
+        from a clean process."""
         if self.vector is None:
-            make = functools.partial(self.gym.make, "CarRacing-v3")
-            self.vector = self.gym.vector.AsyncVectorEnv([make] * self.args.host_envs, context="forkserver")
+            make = [make_idle_when_asked] * self.args.host_envs
+            self.vector = self.gym.vector.AsyncVectorEnv(make, context="forkserver", autoreset_mode=self.gym.vector.AutoresetMode.DISABLED)
             atexit.register(self.close)
         return self.vector
 
@@ -1357,94 +1365,132 @@ class CarRacingHost:
             self.vector.close()
             self.vector = None
 
-    def lockstep(self, seeds: list[int], steps: int, act: Callable, keep_frames: bool = False, record: bool = False):
-        """len(seeds) <= host_envs episodes at once, until each ends or `steps`
-        steps: act(frames [W, S, S, C] uint8) -> actions [W, 3] (W = host_envs;
-        envs past len(seeds) step too, their results dropped). Returns
-        actions [n, steps, 3], rewards, terminated, valid [n, steps], frames
-        [n, steps + 1, S, S, C] (keep_frames; zeros after the end) and env 0's
-        raw 96 x 96 frames (record)."""
+    def episodes(self, seeds: list[int], steps: int, act: Callable, keep_frames: bool = False, record: bool = False):
+        """Episode i on the track of seeds[i], until it ends or `steps` steps,
+        for every i, on the W = host_envs processes as a work queue: a process
+        whose episode ends starts the next waiting one at the same step (reset
+        to its seed), and one with none left idles (`make_idle_when_asked`: no
+        simulation, no render), so a batch costs its episodes' steps, not W
+        times its longest. act(frames [W, S, S, C] uint8, episode [W] int
+        (the episode each process plays, -1: idle), starting [W] bool (it
+        began that episode at this step)) -> actions [W, 3]. Returns actions
+        [n, steps, 3], rewards, terminated, valid [n, steps], frames [n, steps
+        + 1, S, S, C] (keep_frames; zeros after the end) and episode 0's raw
+        96 x 96 frames (record)."""
         vector, n, width = self.vector_env(), len(seeds), self.args.host_envs
-        raw, _ = vector.reset(seed=[*seeds, *range(seeds[-1] + 1, seeds[-1] + 1 + width - n)])
         actions = np.zeros((n, steps, 3), np.float32)
         rewards, terminated, valid = (np.zeros((n, steps), dt) for dt in (np.float32, bool, bool))
         frames = np.zeros((n, steps + 1, *self.args.image_shape), np.uint8) if keep_frames else None
         recorded: list[np.ndarray] = []
-        alive = np.ones(n, bool)
-        small = self.preprocess(raw)  # every env's frame [W, S, S, C]: one shape, one compiled program
-        for t in range(steps):
+        episode = np.full(width, -1)  # what each process plays
+        t = np.zeros(width, int)  # its step in that episode
+        raw = np.zeros((width, 96, 96, 3), np.uint8)
+        waiting = iter(range(n))
+
+        def start_next(processes: np.ndarray) -> None:
+            """Each of `processes` starts the next waiting episode, or idles."""
+            for process in processes:
+                episode[process], t[process] = next(waiting, -1), 0
+            playing = np.zeros(width, bool)
+            playing[processes] = episode[processes] >= 0
+            idle = np.zeros(width, bool)
+            idle[processes] = episode[processes] < 0
+            if playing.any():
+                track = [seeds[e] if p else None for p, e in zip(playing, episode)]
+                raw[playing] = vector.reset(seed=track, options={"reset_mask": playing})[0][playing]
+            if idle.any():
+                raw[idle] = vector.reset(options={"reset_mask": idle, "idle": True})[0][idle]
+
+        start_next(np.arange(width))
+        starting = episode >= 0
+        small = self.preprocess(raw)  # every process's frame [W, S, S, C]: one shape, one compiled program
+        while (episode >= 0).any():
+            playing = episode >= 0
+            e, step = episode[playing], t[playing]
             if frames is not None:
-                frames[alive, t] = small[:n][alive]
-            if record and alive[0]:
+                frames[e, step] = small[playing]
+            if record and episode[0] == 0:
                 recorded.append(raw[0].copy())
-            action = np.asarray(act(small), np.float32)
-            # an env whose episode ended is reset by this step (gymnasium's next-step autoreset), and ignored
-            raw, reward, term, trunc, _ = vector.step(action)
+            action = np.asarray(act(small, episode.copy(), starting), np.float32)
+            raw, reward, term, trunc, _ = vector.step(action)  # a copy (AsyncVectorEnv's copy=True)
+            actions[e, step], rewards[e, step], terminated[e, step] = action[playing], reward[playing], term[playing]
+            valid[e, step] = True
+            t[playing] += 1
+            ended = playing & (term | trunc | (t >= steps))
             small = self.preprocess(raw)
-            actions[alive, t], rewards[alive, t], terminated[alive, t] = (
-                action[:n][alive],
-                reward[:n][alive],
-                term[:n][alive],
-            )
-            valid[alive, t] = True
-            ended = alive & (term[:n] | trunc[:n])
-            if frames is not None:  # the frame the episode ended on
-                frames[ended, t + 1] = small[:n][ended]
-            alive &= ~ended
-            if not alive.any():
-                break
-        if frames is not None and alive.any():  # cut at `steps`: the last frame
-            frames[alive, steps] = small[:n][alive]
+            if frames is not None:  # the frame each episode ended on
+                frames[episode[ended], t[ended]] = small[ended]
+            starting = np.zeros(width, bool)
+            if ended.any():
+                start_next(np.flatnonzero(ended))
+                small = self.preprocess(raw)
+                starting = ended & (episode >= 0)
         return actions, rewards, terminated, valid, frames, recorded
 
     def collect(self, key) -> Rollouts:
-        """num_episodes random episodes of up to collect_steps steps, in rounds
-        of host_envs, cut into rollouts of rollout_steps steps."""
+        """num_episodes random episodes of up to collect_steps steps (`episodes`),
+        cut into rollouts of rollout_steps steps."""
         args, n = self.args, self.args.num_episodes
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1 - n - args.host_envs))
-        rng = np.random.default_rng(seed)
-        parts = []
-        for first in range(0, n, args.host_envs):
-            seeds = list(range(seed + first, seed + min(first + args.host_envs, n)))
-            act = self.random_policy(rng, len(seeds))
-            parts.append(self.lockstep(seeds, args.episode_steps, act, keep_frames=True)[:5])
-        actions, rewards, terminated, valid, frames = (np.concatenate(part) for part in zip(*parts))
+        seeds = list(range(seed, seed + n))
+        actions, rewards, terminated, valid, frames, _ = self.episodes(
+            seeds, args.episode_steps, self.random_policy(seeds), keep_frames=True
+        )
         episodes = Rollouts(*(jnp.asarray(x) for x in (frames, actions, rewards, terminated, valid)))
         return cut_into_rollouts(episodes, args.rollout_steps)
 
     def returns(self, params, thetas, key, steps, policy_step, zero_carry, record: bool = False):
-        """One host episode per controller in thetas [B, P], in rounds of
-        host_envs -> returns [B] (and, with `record`, the first episode as an
-        envs.Recording of its frames [T, 96, 96, 3])."""
+        """One host episode per controller in thetas [B, P] (`episodes`; episode
+        i on the track of seed + i) -> returns [B] (and, with `record`, the
+        first episode as an envs.Recording of its frames [T, 96, 96, 3])."""
         batch, width = thetas.shape[0], self.args.host_envs
         seed = int(jax.random.randint(key, (), 0, 2**31 - 1 - batch - width))
         if self.act is None:
             self.act = jax.jit(policy_step)
         act = self.act
-        totals: list[np.ndarray] = []
-        recorded: list[np.ndarray] = []
-        for first in range(0, batch, width):
-            n = min(width, batch - first)
-            # a short last round repeats its first controller to fill the envs (one compiled shape)
-            round_thetas = jnp.concatenate(
-                [thetas[first : first + n], jnp.repeat(thetas[first : first + 1], width - n, 0)]
-            )
-            lstm = zero_carry(width)
+        lstm = fresh = zero_carry(width)
 
-            def controller(frames):
-                nonlocal lstm
-                action, lstm = act(params, round_thetas, jnp.asarray(frames), lstm)
-                return action
+        def controller(frames, episode, starting):
+            """Each process's controller (an idle one's: any, its action is ignored) and its
+            LSTM state, zeroed where an episode starts."""
+            nonlocal lstm
+            lstm = jax.tree.map(lambda carry, zero: jnp.where(starting[:, None], zero, carry), lstm, fresh)
+            action, lstm = act(params, thetas[np.maximum(episode, 0)], jnp.asarray(frames), lstm)
+            return action
 
-            _, rewards, *_, round_recorded = self.lockstep(
-                list(range(seed + first, seed + first + n)), steps, controller, record=record and first == 0
-            )
-            totals.append(rewards.sum(axis=1))
-            recorded = recorded or round_recorded
-        total = jnp.asarray(np.concatenate(totals), jnp.float32)
+        _, rewards, *_, recorded = self.episodes(list(range(seed, seed + batch)), steps, controller, record=record)
+        total = jnp.asarray(rewards.sum(axis=1), jnp.float32)
         if record:
             return total, envs.Recording(np.stack(recorded), np.int32(len(recorded)))
         return total
+
+
+def make_idle_when_asked():
+    """One CarRacing-v3 process of CarRacingHost (made in the process itself):
+    `reset(options={"idle": True})` parks it until its next reset, each step
+    then returning its last frame, reward 0 and no end without simulating or
+    rendering, so a process with no episode left in a batch costs nothing."""
+    import gymnasium
+
+    class IdleWhenAsked(gymnasium.Wrapper):
+        idle, last = False, None
+
+        def reset(self, *, seed=None, options=None):
+            self.idle = bool(options and options.get("idle"))
+            if not self.idle:
+                self.last, info = self.env.reset(seed=seed)
+                return self.last, info
+            if self.last is None:  # parked before its first episode
+                self.last = np.zeros(self.observation_space.shape, self.observation_space.dtype)
+            return self.last, {}
+
+        def step(self, action):
+            if self.idle:
+                return self.last, 0.0, False, False, {}
+            self.last, *rest = self.env.step(action)
+            return (self.last, *rest)
+
+    return IdleWhenAsked(gymnasium.make("CarRacing-v3"))
 
 
 # --------------------------------------------------------------------------- #

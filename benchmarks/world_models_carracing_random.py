@@ -1,8 +1,10 @@
-"""A uniformly random policy on CarRacing-v3 (actions uniform in [-1, 1] x
-[0, 1] x [0, 1], the collect stage's), over 100 episodes of up to 1000 steps:
-the baseline the evolved controllers of docs/world_models.md are read
-against. The episodes run as the controllers' do (world_models.CarRacingHost,
-rounds of host_envs envs in lockstep, seeds seed, seed + 1, ...).
+"""Random policies on CarRacing-v3 over 100 episodes of up to 1000 steps: the
+baselines the evolved controllers of docs/world_models.md are read against.
+`uniform`: actions uniform in [-1, 1] x [0, 1] x [0, 1] (the seed's random
+policy); `random-controller`: the authors' random C, the carracing presets'
+collect policy (world_models.CarRacingHost.random_policy). The episodes run
+as the controllers' do (CarRacingHost.episodes: host_envs processes as a work
+queue, episode i on the track of seed + i).
 
     python benchmarks/world_models_carracing_random.py --out benchmarks/out/world_models/carracing-cpu/random.json
 """
@@ -13,8 +15,6 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-
-import numpy as np
 
 from jaxzoo import cli
 from jaxzoo.algos import world_models as wm
@@ -27,19 +27,17 @@ def main() -> None:
     parser.add_argument("--host-envs", type=int, default=16)
     parser.add_argument("--out", default=None)
     flags = parser.parse_args()
-    args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "carracing-cpu"), host_envs=flags.host_envs)
-    host = wm.CarRacingHost(args)
-    rng = np.random.default_rng(flags.seed)
-    random_actions = lambda frames: rng.uniform([-1.0, 0.0, 0.0], [1.0, 1.0, 1.0], (len(frames), 3))  # noqa: E731
-    returns = []
-    for first in range(0, flags.episodes, flags.host_envs):
-        seeds = list(range(flags.seed + first, flags.seed + min(first + flags.host_envs, flags.episodes)))
-        rewards = host.lockstep(seeds, 1000, random_actions)[1]
-        returns.extend(rewards.sum(1).tolist())
-    host.close()
-    summary = {"policy": "uniform random", "episodes": len(returns), "mean": float(np.mean(returns)),
-               "std": float(np.std(returns)), "returns": returns}
-    print(f"random policy on CarRacing-v3: {summary['mean']:.1f} +- {summary['std']:.1f} over {len(returns)} episodes")
+    summary = {}
+    for policy in ("uniform", "random-controller"):
+        args = cli.preset_args(wm.Args, "world_models", "carracing-cpu")
+        host = wm.CarRacingHost(dataclasses.replace(args, host_envs=flags.host_envs, collect_policy=policy))
+        seeds = list(range(flags.seed, flags.seed + flags.episodes))
+        returns = host.episodes(seeds, 1000, host.random_policy(seeds))[1].sum(1)
+        host.close()
+        summary[policy] = {"episodes": len(returns), "mean": float(returns.mean()), "std": float(returns.std()),
+                           "returns": returns.tolist()}
+        print(f"{policy} random policy on CarRacing-v3: {returns.mean():.1f} +- {returns.std():.1f} "
+              f"over {len(returns)} episodes", flush=True)
     if flags.out:
         Path(flags.out).parent.mkdir(parents=True, exist_ok=True)
         Path(flags.out).write_text(json.dumps(summary, indent=2) + "\n")

@@ -281,7 +281,9 @@ def test_train_is_vmappable_over_hyperparameters():
 
 def test_paper_sizes_trace():
     # The paper's CarRacing V, M and C (shapes only): z 32, LSTM 256, 5 mixtures, C = 3 x (32 + 256) + 3 = 867.
-    args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "carracing-paper"), env_id="CartPole-v1")
+    args = dataclasses.replace(
+        cli.preset_args(wm.Args, "world_models", "carracing-paper"), env_id="CartPole-v1", collect_policy="uniform"
+    )
     graphdef, state = nnx.split(nnx.eval_shape(lambda: wm.Models(args, 3, nnx.Rngs(0))))
     run = lambda fn, *xs: jax.eval_shape(lambda s, *xs: fn(nnx.merge(graphdef, s), *xs), state, *xs)  # noqa: E731
     z = jax.ShapeDtypeStruct((7, 32), jnp.float32)
@@ -374,16 +376,106 @@ def test_carracing_squash_and_random_controller_collection_are_the_authors():
     assert args.collect_policy == "random-controller"
     host = object.__new__(wm.CarRacingHost)  # random_policy needs only args: no box2d, no processes
     host.args = args
-    act = host.random_policy(np.random.default_rng(0), 3)
-    actions = np.concatenate([act(np.zeros((4, 16, 16, 3))) for _ in range(200)]).reshape(200, 4, 3)
+    act = host.random_policy([5, 6, 7])
+    episode, starting = np.array([0, 1, 2, -1]), np.zeros(4, bool)
+    actions = np.stack([act(np.zeros((4, 16, 16, 3)), episode, starting) for _ in range(200)])  # [200, 4, 3]
     steer, gas, brake = actions[:, :3, 0], actions[:, :3, 1], actions[:, :3, 2]
     assert np.abs(steer).max() < 0.3 and np.abs(gas - 0.5).max() < 0.15 and brake.min() == 0.0 and brake.max() < 0.3
-    assert np.all(actions[:, 3] == 0) and 0.3 < (brake == 0).mean() < 0.7  # the 4th env idles; brake clipped half the time
+    assert np.all(actions[:, 3] == 0) and 0.3 < (brake == 0).mean() < 0.7  # the idle process; brake clipped half the time
+    # an episode's draws are its own: the same whichever process plays it and whatever the others do
+    again = host.random_policy([7, 6, 5])
+    np.testing.assert_array_equal(again(None, np.array([-1, -1, 2]), starting[:3])[2], actions[0, 0])
     host.args = dataclasses.replace(args, collect_policy="uniform")
-    uniform = host.random_policy(np.random.default_rng(0), 3)(np.zeros((4, 16, 16, 3)))
-    assert uniform.shape == (4, 3) and uniform[:, 2].mean() > 0.1
+    uniform = host.random_policy([5, 6, 7])(np.zeros((4, 16, 16, 3)), episode, starting)
+    assert uniform.shape == (4, 3) and uniform[:3, 2].mean() > 0.1
     with pytest.raises(ValueError, match="collect_policy='random-controller' is the authors' CarRacing collection"):
         dataclasses.replace(cli.preset_args(wm.Args, "world_models", "tiny"), collect_policy="random-controller")
+
+
+class FakeCarRacingProcesses:
+    """AsyncVectorEnv's interface without autoreset, as CarRacingHost makes it:
+    the episode on track seed s lasts s % 7 + 2 steps and ends `terminated`;
+    a frame is filled with 10 s + t; reward 1 + s per step; an idle process
+    (reset with options idle) returns its last frame and 0 without counting a
+    simulated step, as make_idle_when_asked's wrapper does."""
+
+    def __init__(self, width):
+        self.width, self.seed, self.t, self.idle = width, [0] * width, [0] * width, [True] * width
+        self.simulated, self.calls = 0, 0
+
+    def frames(self):
+        return np.stack([np.full((96, 96, 3), (10 * s + t) % 256, np.uint8) for s, t in zip(self.seed, self.t)])
+
+    def reset(self, seed=None, options=None):
+        options = dict(options or {})
+        mask = options.pop("reset_mask", np.ones(self.width, bool))
+        for i in np.flatnonzero(mask):
+            self.idle[i] = bool(options.get("idle"))
+            if not self.idle[i]:
+                self.seed[i], self.t[i] = seed[i], 0
+        return self.frames(), {}
+
+    def step(self, action):
+        self.calls += 1
+        reward, term = np.zeros(self.width), np.zeros(self.width, bool)
+        for i in range(self.width):
+            if not self.idle[i]:
+                self.t[i] += 1
+                self.simulated += 1
+                reward[i], term[i] = 1 + self.seed[i], self.t[i] == self.seed[i] % 7 + 2
+        return self.frames(), reward, term, np.zeros(self.width, bool), {}
+
+
+def test_carracing_episodes_run_as_a_work_queue():
+    """CarRacingHost.episodes on 3 processes, 8 episodes of 2-8 steps (cap 6):
+    every episode is played whole on its own track, its controller told when
+    it starts, each process takes the next episode as soon as its own ends,
+    and no process simulates once no episode is left for it."""
+    args = dataclasses.replace(cli.preset_args(wm.Args, "world_models", "carracing-small"), host_envs=3)
+    host = object.__new__(wm.CarRacingHost)  # no box2d: the fake processes
+    host.args, host.vector = args, FakeCarRacingProcesses(3)
+    host.jitted_preprocess = jax.jit(host.crop_and_resize)
+    seeds, cap = [3, 12, 0, 5, 11, 4, 6, 9], 6
+    lengths = np.array([min(s % 7 + 2, cap) for s in seeds])
+    starts = []
+
+    def act(frames, episode, starting):
+        starts.extend(episode[starting].tolist())
+        return np.stack([np.full(3, e, np.float32) for e in episode])  # each action names its episode
+
+    actions, rewards, terminated, valid, frames, _ = host.episodes(seeds, cap, act, keep_frames=True)
+    assert sorted(starts) == list(range(8))  # each episode started once, and the controller was told
+    np.testing.assert_array_equal(valid.sum(1), lengths)
+    for i, (seed, length) in enumerate(zip(seeds, lengths)):
+        np.testing.assert_array_equal(actions[i, :length, 0], i)
+        np.testing.assert_array_equal(rewards[i, :length], 1 + seed)
+        assert terminated[i, length - 1] == (seed % 7 + 2 <= cap) and not terminated[i, : length - 1].any()
+        # frames 0..length are the episode's own, t = 0 .. length (10 s + t, resized): the last one included
+        np.testing.assert_array_equal(frames[i, : length + 1, 0, 0, 0], (10 * seed + np.arange(length + 1)) % 256)
+        assert not frames[i, length + 1 :].any()
+    assert host.vector.simulated == lengths.sum()  # idle processes did not simulate
+    assert host.vector.calls < 3 * lengths.max()  # rounds of 3 in lockstep would take 3 x their longest
+    assert host.vector.calls <= -(-lengths.sum() // 3) + lengths.max()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
+                    reason="CarRacing-v3 needs box2d (pip install -e '.[carracing]'), not installed in this environment")
+def test_carracing_process_idles_when_asked():
+    env = wm.make_idle_when_asked()
+    first, _ = env.reset(seed=3)
+    for _ in range(5):
+        obs, *_ = env.step(np.array([0.0, 1.0, 0.0], np.float32))
+    position = tuple(env.unwrapped.car.hull.position)
+    parked, _ = env.reset(options={"idle": True})
+    np.testing.assert_array_equal(parked, obs)
+    for _ in range(3):  # no simulation: the car stays, the frame and a zero reward come back
+        frame, reward, terminated, truncated, _ = env.step(np.array([0.0, 1.0, 0.0], np.float32))
+        np.testing.assert_array_equal(frame, obs)
+        assert (reward, terminated, truncated) == (0.0, False, False)
+    assert tuple(env.unwrapped.car.hull.position) == position
+    again, _ = env.reset(seed=3)  # a reset with a seed plays again
+    np.testing.assert_array_equal(again, first)
+    env.close()
 
 
 def test_every_preset_is_valid():
