@@ -1356,7 +1356,9 @@ class CarRacingHost:
         from a clean process."""
         if self.vector is None:
             make = [make_idle_when_asked] * self.args.host_envs
-            self.vector = self.gym.vector.AsyncVectorEnv(make, context="forkserver", autoreset_mode=self.gym.vector.AutoresetMode.DISABLED)
+            self.vector = self.gym.vector.AsyncVectorEnv(
+                make, context="forkserver", autoreset_mode=self.gym.vector.AutoresetMode.DISABLED
+            )
             atexit.register(self.close)
         return self.vector
 
