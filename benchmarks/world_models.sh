@@ -189,6 +189,21 @@ if [[ $what == carracing-dream ]]; then
     $PY algos/world_models.py --resume "$last"
   fi
 fi
+# stop-rule (after done-hidden): the paper's loop with its stopping rule per seed (a round's controller
+# is judged on the real episodes the next round's collect stage plays with it): round 1's controllers
+# judged by a collect-only round 2, then benchmarks/world_models_stop_rule.py picks each seed's round.
+if [[ $what == stop-rule ]]; then
+  seeds=${SEEDS:-4}
+  it="$OUT/iterate"
+  newest() { ls -d "$1"/*/ | head -1; }
+  rm -rf "$it/round2-check-done-hidden"
+  $PY algos/world_models.py --preset pixel-cartpole-dream --num-seeds "$seeds" --exp-name wm-iterate-2-check-done-hidden \
+    --done-hidden 64 --collect-with "$(newest "$it/round1-keep-v-done-hidden")" --collect-steps 540 \
+    --total-timesteps 60000 --stages collect --run-root "$it/round2-check-done-hidden"
+  $PY benchmarks/world_models_stop_rule.py "$(newest "$it/round0-done-hidden")" "$(newest "$it/round1-keep-v-done-hidden")" \
+    --checks "$(newest "$it/round1-keep-v-done-hidden")" "$(newest "$it/round2-check-done-hidden")" \
+    --out "$it/stop-rule.json"
+fi
 if [[ $what == carracing || $what == all ]]; then
   if $PY -c "import Box2D" 2>/dev/null; then
     rm -rf "$OUT/carracing-small"
