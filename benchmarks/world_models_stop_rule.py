@@ -34,7 +34,8 @@ def read(run: Path) -> tuple[list[float], list[float]]:
         rows = sorted(csv.DictReader(metrics.open()), key=lambda row: int(row["seed_index"]))
         checks = [float(row["controller_episode_return"]) for row in rows if row.get("controller_episode_return")]
     evaluation = run / "eval.json"
-    evals = [seed[0] for seed in json.loads(evaluation.read_text())["per_seed"]] if evaluation.exists() else []
+    per_seed = json.loads(evaluation.read_text()).get("per_seed", []) if evaluation.exists() else []  # none: no C stage
+    evals = [seed[0] for seed in per_seed]
     return checks, evals
 
 
