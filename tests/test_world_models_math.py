@@ -222,3 +222,38 @@ def test_dream_done_rules_threshold_sample_and_expected():
     assert abs(sampled.mean() - geometric) < 4 * sampled.std() / math.sqrt(batch)
     with pytest.raises(ValueError, match=r"dream_done must be one of \['threshold', 'sample', 'expected'\], got 'soft'"):
         dataclasses.replace(base, dream_done="soft")
+
+
+def test_stop_rule_picks_each_seeds_first_judged_round(tmp_path, monkeypatch, capsys):
+    """benchmarks/world_models_stop_rule.py: a seed stops at the first round
+    whose controller's judged return (the next collect stage's
+    controller_episode_return) reaches the threshold, and reports that
+    round's evaluation; a seed never reaching it keeps the last round's."""
+    import importlib.util
+    import json
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("stop_rule", ROOT / "benchmarks" / "world_models_stop_rule.py")
+    stop_rule = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stop_rule)
+
+    def run(name, judged=None, evaluated=None):
+        path = tmp_path / name
+        (path / "collect").mkdir(parents=True)
+        if judged is not None:
+            rows = [f"1,{i},{r}" for i, r in enumerate(judged)]
+            (path / "collect" / "metrics.csv").write_text("\n".join(["update,seed_index,controller_episode_return", *rows]))
+        summary = {"per_seed": [[r, 0.0] for r in evaluated]} if evaluated is not None else {}
+        (path / "eval.json").write_text(json.dumps(summary))
+        return str(path)
+
+    round0 = run("round0", evaluated=[300.0, 500.0, 480.0])
+    round1 = run("round1", judged=[310.0, 499.0, 470.0], evaluated=[490.0, 200.0, 100.0])
+    check2 = run("check2", judged=[495.0, 180.0, 90.0])
+    out = tmp_path / "chosen.json"
+    monkeypatch.setattr("sys.argv", ["stop_rule", round0, round1, "--checks", round1, check2, "--out", str(out)])
+    stop_rule.main()
+    chosen = json.loads(out.read_text())["seeds"]
+    assert [(c["round"], c["eval"]) for c in chosen] == [(1, 490.0), (0, 500.0), (None, 100.0)]
+    assert "363.3 (mean), 2 of 3 above 475" in capsys.readouterr().out
