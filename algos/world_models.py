@@ -1328,14 +1328,14 @@ class CarRacingHost:
         scales = [rng.uniform(0.0, 0.01) * np.sqrt(35.0) for rng in rngs]
         low, high = np.array([-1.0, 0.0, 0.0]), np.ones(3)
 
-        def one(e: int) -> np.ndarray:
-            if e < 0:  # an idle process: its action is ignored
-                return np.zeros(3)
+        def act(frames, episode, starting):
+            playing = episode >= 0  # an idle process's action (0) is ignored
             if self.args.collect_policy == "uniform":
-                return rngs[e].uniform(low, high)
-            return np.asarray(self.squash(jnp.asarray(scales[e] * rngs[e].standard_normal(3))))
+                return np.stack([rngs[e].uniform(low, high) if e >= 0 else np.zeros(3) for e in episode])
+            raw = np.stack([scales[e] * rngs[e].standard_normal(3) if e >= 0 else np.zeros(3) for e in episode])
+            return np.where(playing[:, None], np.asarray(self.squash(jnp.asarray(raw))), 0.0)  # one squash a step
 
-        return lambda frames, episode, starting: np.stack([one(int(e)) for e in episode])
+        return act
 
     def preprocess(self, frames: np.ndarray) -> np.ndarray:
         """[B, 96, 96, 3] uint8 -> [B, S, S, C] uint8."""
