@@ -478,6 +478,39 @@ def test_carracing_process_idles_when_asked():
     env.close()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
+                    reason="CarRacing-v3 needs box2d (pip install -e '.[carracing]'), not installed in this environment")
+def test_carracing_vectorized_road_draws_gymnasiums_pixels():
+    """VectorizedRoad against gymnasium's own _render_road: every frame of an
+    episode that steers over tiles (their color changes when first touched),
+    and single road renders at exact quarter turns (deferred to gymnasium)
+    and at other angles."""
+    import gymnasium
+    import pygame
+
+    stock, fast = gymnasium.make("CarRacing-v3"), gymnasium.make("CarRacing-v3")
+    road = wm.VectorizedRoad(fast.unwrapped)
+    fast.unwrapped._render_road = road
+    rng = np.random.default_rng(0)
+    frame, _ = stock.reset(seed=7)
+    np.testing.assert_array_equal(fast.reset(seed=7)[0], frame)
+    for t in range(120):
+        action = np.array([np.sin(t / 10), rng.uniform(0.2, 1.0), 0.0], np.float32)
+        frame, reward, *_ = stock.step(action)
+        fast_frame, fast_reward, *_ = fast.step(action)
+        np.testing.assert_array_equal(fast_frame, frame, err_msg=f"step {t}")
+        assert fast_reward == reward
+    assert road.track_of is fast.unwrapped.road_poly
+    for angle in (0.0, np.pi / 2, -np.pi, 1.234, -5.0):
+        drawn = []
+        for env, render in ((stock.unwrapped, stock.unwrapped._render_road), (fast.unwrapped, road)):
+            env.surf = pygame.Surface((600, 400))
+            render(2.7, (300.0, 100.0), float(angle))
+            drawn.append(pygame.surfarray.array3d(env.surf))
+        np.testing.assert_array_equal(drawn[1], drawn[0], err_msg=f"angle {angle}")
+    stock.close(), fast.close()
+
+
 def test_every_preset_is_valid():
     presets = cli.presets("world_models")
     assert {"pixel-cartpole", "pixel-cartpole-dream", "seed-notebook", "carracing-paper", "tiny"} <= set(presets)
