@@ -6,9 +6,12 @@ V and M losses, and benchmarks/out/world_models/summary.md.
     python benchmarks/world_models_figures.py --carracing RUN_DIR [RUN_DIR ...]   # CarRacing runs, one per seed
 
 With --carracing: V's reconstructions of real frames and a dream of M
-decoded by V (the first run's seed), every run's CMA-ES curve in one panel
+decoded by V (the first run's seed), every seed's CMA-ES curve in one panel
 each, and the first run's evaluation video (--capture-video) as a GIF:
-docs/img/world_models_carracing_*.
+docs/img/world_models_carracing_*. Each run's small files (args, evaluation,
+summary, the controller's metrics.csv) are kept in docs/data/world_models_carracing/seed<N>/
+(a seed takes hours, so each session's seed is committed there and the curves
+are drawn from every seed kept, not only the runs on this machine).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from jaxzoo.algos import world_models as wm  # noqa: E402
 from jaxzoo import logger  # noqa: E402
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+CARRACING_DATA = IMG.parent / "data" / "world_models_carracing"
 
 
 def first_seed(tree):
@@ -120,11 +124,13 @@ def carracing(run_dirs: list[Path]):
     theta = first_seed(outputs["controller"]).cma.mean
     reconstructions(world_models, outputs, IMG / "world_models_carracing_reconstructions.png", env="CarRacing-v3")
     carracing_dream(world_models, args, outputs, theta, IMG / "world_models_carracing_dream.png")
-    runs = {}
     for run_dir in run_dirs:
-        summary = json.loads((run_dir / "eval.json").read_text())
-        seed = json.loads((run_dir / "args.json").read_text())["seed"]
-        runs[f"seed {seed}: {summary['mean']:.1f} +- {summary['std']:.1f} over 100 real episodes"] = run_dir
+        keep_carracing_run(run_dir)
+    runs = {}
+    for kept in sorted(CARRACING_DATA.glob("seed*")):
+        summary = json.loads((kept / "eval.json").read_text())
+        seed = json.loads((kept / "args.json").read_text())["seed"]
+        runs[f"seed {seed}: {summary['mean']:.1f} +- {summary['std']:.1f} over 100 real episodes"] = kept
     cma_curves(runs, IMG / "world_models_carracing_cmaes.png")
     videos = sorted((run_dirs[0] / "videos").glob("*-seed*.mp4"))
     if videos:
@@ -134,6 +140,17 @@ def carracing(run_dirs: list[Path]):
                     "--max-frames", "100"])
     else:
         print(f"no evaluation video in {run_dirs[0] / 'videos'} (run with --capture-video): no GIF")
+
+
+def keep_carracing_run(run_dir: Path):
+    """A finished CarRacing run's small files -> docs/data/world_models_carracing/seed<N>/."""
+    seed = json.loads((run_dir / "args.json").read_text())["seed"]
+    kept = CARRACING_DATA / f"seed{seed}"
+    (kept / "controller").mkdir(parents=True, exist_ok=True)
+    for name in ("args.json", "eval.json", "summary.json", "run_info.json", "controller/metrics.csv"):
+        if (run_dir / name).exists():
+            (kept / name).write_bytes((run_dir / name).read_bytes())
+    print(f"kept {run_dir} -> {kept}")
 
 
 def controller_panels(runs: dict[str, Path], path, ylabel: str, draw):
