@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every World Models number and image in docs/world_models.md comes from this script.
-#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|iterate|dream-done|iterate-keep|done-hidden|figures|carracing|carracing-cpu|all]
+#   bash benchmarks/world_models.sh [real|dream|dream-sweep|seeds|iterate|dream-done|iterate-keep|done-hidden|stop-rule|figures|carracing|carracing-cpu|carracing-dream|all]
 # real: the pixel-cartpole preset, all four stages, C evolved in the real env.
 # dream: C evolved inside the real run's M (pixel-cartpole-dream preset, V and M
 #   loaded from the real run with --source-run), evaluated in the real env.
@@ -174,6 +174,7 @@ if [[ $what == carracing-cpu ]]; then
     fi
   done
   [[ -f $OUT/carracing-cpu/random.json ]] || $PY benchmarks/world_models_carracing_random.py --out "$OUT/carracing-cpu/random.json"
+  mkdir -p docs/data/world_models_carracing && cp "$OUT/carracing-cpu/random.json" docs/data/world_models_carracing/
   $PY benchmarks/world_models_figures.py --carracing $(ls -d "$OUT"/carracing-cpu/seed*/*/)
 fi
 # carracing-dream: issue 26's CarRacing dream: C evolved in M's dream (carracing-cpu-dream: M with
@@ -188,6 +189,10 @@ if [[ $what == carracing-dream ]]; then
   elif [[ ! -f $last/eval.json ]]; then
     $PY algos/world_models.py --resume "$last"
   fi
+  last=$(ls -d "$root"/*/ | tail -1)  # its small files, kept beside the seeds' (docs/data is committed)
+  kept=docs/data/world_models_carracing/dream-seed0
+  mkdir -p "$kept/controller" "$kept/mdn"
+  for f in args.json eval.json summary.json run_info.json controller/metrics.csv mdn/metrics.csv; do cp "$last/$f" "$kept/$f"; done
 fi
 # stop-rule (after done-hidden): the paper's loop with its stopping rule per seed (a round's controller
 # is judged on the real episodes the next round's collect stage plays with it): round 1's controllers
