@@ -4,12 +4,13 @@ V and M losses, and benchmarks/out/world_models/summary.md.
 
     python benchmarks/world_models_figures.py benchmarks/out/world_models
     python benchmarks/world_models_figures.py --carracing RUN_DIR [RUN_DIR ...]   # CarRacing runs, one per seed
+    python benchmarks/world_models_figures.py --keep-carracing RUN_DIR NAME       # only keep its small files as NAME
 
 With --carracing: V's reconstructions of real frames and a dream of M
 decoded by V (the first run's seed), every seed's CMA-ES curve in one panel
 each, and the first run's evaluation video (--capture-video) as a GIF:
 docs/img/world_models_carracing_*. Each run's small files (args, evaluation,
-summary, the controller's metrics.csv) are kept in docs/data/world_models_carracing/seed<N>/
+summary, each stage's metrics.csv) are kept in docs/data/world_models_carracing/seed<N>/
 (a seed takes hours, so each session's seed is committed there and the curves
 are drawn from every seed kept, not only the runs on this machine).
 """
@@ -142,14 +143,18 @@ def carracing(run_dirs: list[Path]):
         print(f"no evaluation video in {run_dirs[0] / 'videos'} (run with --capture-video): no GIF")
 
 
-def keep_carracing_run(run_dir: Path):
-    """A finished CarRacing run's small files -> docs/data/world_models_carracing/seed<N>/."""
-    seed = json.loads((run_dir / "args.json").read_text())["seed"]
-    kept = CARRACING_DATA / f"seed{seed}"
-    (kept / "controller").mkdir(parents=True, exist_ok=True)
-    for name in ("args.json", "eval.json", "summary.json", "run_info.json", "controller/metrics.csv"):
-        if (run_dir / name).exists():
-            (kept / name).write_bytes((run_dir / name).read_bytes())
+def keep_carracing_run(run_dir: Path, name: str | None = None):
+    """A finished CarRacing run's small files (args, evaluation, summary, run
+    info, each stage's metrics.csv it has) -> docs/data/world_models_carracing/<name>/,
+    by default seed<N>."""
+    name = name or f"seed{json.loads((run_dir / 'args.json').read_text())['seed']}"
+    kept = CARRACING_DATA / name
+    files = ["args.json", "eval.json", "summary.json", "run_info.json"]
+    files += [f"{stage}/metrics.csv" for stage in ("vae", "mdn", "controller")]
+    for file in files:
+        if (run_dir / file).exists():
+            (kept / file).parent.mkdir(parents=True, exist_ok=True)
+            (kept / file).write_bytes((run_dir / file).read_bytes())
     print(f"kept {run_dir} -> {kept}")
 
 
@@ -281,5 +286,7 @@ def main(out: Path):
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--carracing"]:
         carracing([Path(p) for p in sys.argv[2:]])
+    elif sys.argv[1:2] == ["--keep-carracing"] and len(sys.argv) == 4:  # a run that is not one seed's, e.g. the dream's
+        keep_carracing_run(Path(sys.argv[2]), sys.argv[3])
     else:
         main(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/out/world_models"))
