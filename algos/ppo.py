@@ -17,6 +17,7 @@ the final observation instead of being treated as terminal.
     python algos/ppo.py --preset pendulum                 # continuous actions
     python algos/ppo.py --preset atari                    # envpool:Breakout-v5 from pixels (atari extra)
     python algos/ppo.py --env-id gym:LunarLander-v3       # any gymnasium env, stepped on the host (docs/gym.md)
+    python algos/ppo.py --preset pixel-cartpole           # CartPole-v1 from 64 x 64 images drawn in JAX
 
 Details, logged metrics and measured results: docs/ppo.md.
 """
@@ -35,7 +36,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from jaxzoo import atari, cli, envs, host, layers, parallel, runner
+from jaxzoo import atari, cli, envs, host, layers, parallel, pixels, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, Positive, check_fields
 
 
@@ -53,7 +54,7 @@ class Args:
     num_seeds: Annotated[int, AtLeastOne] = 1
     """independent seeds trained at once with `jax.vmap`"""
     env_id: str = "CartPole-v1"
-    """gymnax environment id; an Atari game stepped by envpool inside jit, 'envpool:<Game>-v5' (needs the `atari` extra; one seed per process; docs/ppo.md, Atari); or any gymnasium id, 'gym:<id>', stepped on the host (one seed per process; docs/gym.md)"""
+    """gymnax environment id; an Atari game stepped by envpool inside jit, 'envpool:<Game>-v5' (needs the `atari` extra; one seed per process; docs/ppo.md, Atari); a gymnax env drawn as images in JAX, 'pixels:<id>' (CartPole-v1, Pendulum-v1; common/pixels.py: image_size, grayscale, frame_stack); or any gymnasium id, 'gym:<id>', stepped on the host (one seed per process; docs/gym.md)"""
     total_timesteps: Annotated[int, AtLeastOne] = 500_000
     """environment steps per seed"""
     log_every: Annotated[int, AtLeastOne] = 10
@@ -150,7 +151,7 @@ class Args:
     frame_skip: Annotated[int, AtLeastOne] = 4
     """Atari: emulator frames per agent step, the action repeated (the last two frames max-pooled)"""
     frame_stack: Annotated[int, AtLeastOne] = 4
-    """Atari: frames stacked on the channel axis of an observation"""
+    """Atari and pixels: ids: frames stacked on the channel axis of an observation"""
     noop_max: Annotated[int, AtLeastOne] = 30
     """Atari: up to this many no-op frames at every reset, drawn uniformly (1: no random no-op starts)"""
     episodic_life: bool = True
@@ -160,9 +161,9 @@ class Args:
     reward_clip: bool = True
     """Atari: the learner sees the sign of each reward (the logged score is unclipped)"""
     image_size: Annotated[int, AtLeastOne] = 84
-    """Atari: side of the square frames in pixels"""
+    """Atari and pixels: ids: side of the square frames in pixels"""
     grayscale: bool = True
-    """Atari: one-channel frames instead of RGB"""
+    """Atari and pixels: ids: one-channel frames instead of RGB"""
 
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
@@ -174,6 +175,11 @@ class Args:
             atari.check_args(self, extra=[normalize])
         if host.is_gym(self.env_id):
             host.check_args(self)  # what a gym: id cannot do (common/host.py)
+        if pixels.is_pixels(self.env_id) and (self.normalize_obs or self.torso == "mlp"):
+            raise ValueError(
+                f"env_id {self.env_id!r} has image observations: normalize_obs and torso='mlp' are for "
+                "observation vectors; accepted: torso auto, cnn or nature, without normalize_obs"
+            )
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"the batch num_envs * num_steps = {self.num_envs} * {self.num_steps} = "
@@ -722,6 +728,8 @@ def make_envs(args: Args):
             eval_env = envs.RecordEpisode(eval_env, env.spec.max_episode_steps + 1)
         return env, env_params, eval_env, env.spec, "nature"
     max_steps = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
+    if pixels.is_pixels(args.env_id):
+        return make_pixel_envs(args, max_steps)
     if host.is_gym(args.env_id):  # a gymnasium env stepped on the host from inside jit (common/host.py)
         probe_spec = host.spec(args.env_id, **max_steps)
     else:
@@ -750,6 +758,27 @@ def make_envs(args: Args):
     eval_env, _ = envs.make(args.env_id, args.eval_episodes, flatten_obs=torso == "mlp", **max_steps)
     spec = envs.spec(env, env_params)
     if args.capture_video:  # record each seed's first evaluation episode for a video (jaxzoo.video)
+        eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
+    return env, env_params, eval_env, spec, torso
+
+
+def make_pixel_envs(args: Args, max_steps: dict):
+    """`make_envs` for 'pixels:<id>': the gymnax env drawn by common/pixels.py,
+    `frame_stack` frames of `image_size` on the channel axis (one frame holds
+    no velocities). The torso: nature from 36 x 36 pixels up, else cnn; the
+    nature torso takes bytes (it scales them by 1/255, as Atari's frames), the
+    cnn floats in [0, 1] (as MinAtar's 0/1 channels)."""
+    torso = args.torso if args.torso != "auto" else ("nature" if args.image_size >= 36 else "cnn")
+    if torso == "nature" and args.image_size < 36:
+        raise ValueError(f"torso='nature' needs images of at least 36 x 36 pixels, got image_size={args.image_size}")
+    drawn = dict(size=args.image_size, grayscale=args.grayscale, frame_stack=args.frame_stack, **max_steps)
+    drawn["as_bytes"] = torso == "nature"
+    env, env_params = pixels.make(
+        args.env_id, args.num_envs, normalize_reward=args.normalize_reward, gamma=args.gamma, **drawn
+    )
+    eval_env, _ = pixels.make(args.env_id, args.eval_episodes, **drawn)
+    spec = envs.spec(env, env_params)
+    if args.capture_video:
         eval_env = envs.RecordEpisode(eval_env, spec.max_episode_steps + 1)
     return env, env_params, eval_env, spec, torso
 

@@ -13,20 +13,37 @@ reset) renders exactly like `obs`.
     obs, state = env.reset(key, env_params)                 # obs [8, 64, 64, 3]
 
 `make` builds `common.envs.make(env_id, num_envs)` and wraps it in
-`PixelObservation`; the env ids that have a renderer are the keys of
-`RENDERERS`. Another renderer is a function of `(obs, size, grayscale)` added
-to that table.
+`PixelObservation` (and `FrameStack` with `frame_stack` > 1: one frame has no
+velocities); the env ids that have a renderer are the keys of `RENDERERS`.
+Another renderer is a function of `(obs, size, grayscale)` added to that
+table. A model-free file names these envs `pixels:<id>` (`is_pixels`,
+`base_id`), as `envpool:` and `gym:` name the other families.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from jaxzoo import envs
+
+PREFIX = "pixels:"
+
+
+def is_pixels(env_id: str) -> bool:
+    """Whether `env_id` names a gymnax env drawn as images: 'pixels:<id>'."""
+    return env_id.startswith(PREFIX)
+
+
+def base_id(env_id: str) -> str:
+    """'pixels:CartPole-v1' -> 'CartPole-v1'."""
+    return env_id.removeprefix(PREFIX)
+
 
 # --------------------------------------------------------------------------- #
 # Drawing primitives: distances in pixels, coverage in [0, 1]
@@ -185,17 +202,34 @@ class PixelObservation(envs.Wrapper):
     """Replaces observations, and `info["final_observation"]`, by
     `render(obs)`. The renderer takes one observation vector; leading batch
     axes (a VecEnv's `[num_envs]`) are mapped over, so this may wrap a single
-    env or a VecEnv."""
+    env or a VecEnv. `as_bytes`: images as uint8 in [0, 255] (rounded), as
+    Atari's frames, for a torso that scales bytes itself and rollouts a
+    quarter the size; else float32 in [0, 1]."""
 
-    def __init__(self, env, render: Callable[[jax.Array], jax.Array], image_shape: tuple[int, int, int]):
+    def __init__(
+        self,
+        env,
+        render: Callable[[jax.Array], jax.Array],
+        image_shape: tuple[int, int, int],
+        as_bytes: bool = False,
+    ):
         super().__init__(env)
-        self.render = jnp.vectorize(render, signature="(o)->(h,w,c)")
+        draw = render
+        if as_bytes:
+
+            def draw(obs: jax.Array) -> jax.Array:
+                return jnp.round(render(obs) * 255.0).astype(jnp.uint8)
+
+        self.render = jnp.vectorize(draw, signature="(o)->(h,w,c)")
         self.image_shape = image_shape
+        self.as_bytes = as_bytes
 
     def observation_space(self, params):
         envs.import_gymnax()
         from gymnax.environments import spaces  # on first use (jaxzoo.envs.ENV_IDS says why)
 
+        if self.as_bytes:
+            return spaces.Box(0, 255, self.image_shape, jnp.uint8)
         return spaces.Box(0.0, 1.0, self.image_shape, jnp.float32)
 
     @partial(jax.jit, static_argnames=("self",))
@@ -210,13 +244,80 @@ class PixelObservation(envs.Wrapper):
         return self.render(obs), state, reward, terminated, truncated, info
 
 
-def make(env_id: str, num_envs: int | None = None, *, size: int = 64, grayscale: bool = False, **make_kwargs):
+@struct.dataclass
+class FrameStackState:
+    env_state: Any
+    frames: jax.Array  # [N, H, W, C * k]: the newest k frames, oldest first on the channel axis
+
+
+class FrameStack(envs.Wrapper):
+    """The last `k` image observations of each env of a VecEnv, concatenated on
+    the channel axis ([N, H, W, C] -> [N, H, W, C * k], oldest first), as DQN's
+    Atari agent stacks its frames (Mnih et al. 2015). A new episode (the
+    VecEnv's automatic reset after a step that ended one) starts with its first
+    frame in all k slots; `info["final_observation"]` is the ended episode's
+    stack with its final frame newest, so a truncated episode bootstraps from
+    what the agent would have seen."""
+
+    def __init__(self, env, k: int):
+        super().__init__(env)
+        self.k = k
+
+    def observation_space(self, params):
+        envs.import_gymnax()
+        from gymnax.environments import spaces  # on first use (jaxzoo.envs.ENV_IDS says why)
+
+        space = self._env.observation_space(params)
+        return spaces.Box(space.low, space.high, (*space.shape[:-1], space.shape[-1] * self.k), space.dtype)
+
+    def push(self, frames: jax.Array, frame: jax.Array) -> jax.Array:
+        """Drop the oldest frame of `frames` [..., C * k], append `frame` [..., C]."""
+        return jnp.concatenate([frames[..., frame.shape[-1] :], frame], axis=-1)
+
+    @partial(jax.jit, static_argnames=("self",))
+    def reset(self, key, params=None):
+        obs, state = self._env.reset(key, params)
+        frames = jnp.concatenate([obs] * self.k, axis=-1)
+        return frames, FrameStackState(state, frames)
+
+    @partial(jax.jit, static_argnames=("self",))
+    def step(self, key, state, action, params=None):
+        obs, env_state, reward, terminated, truncated, info = self._env.step(key, state.env_state, action, params)
+        final = self.push(state.frames, info["final_observation"])
+        ended = (terminated | truncated).reshape(obs.shape[:1] + (1,) * (obs.ndim - 1))
+        frames = jnp.where(ended, jnp.concatenate([obs] * self.k, axis=-1), self.push(state.frames, obs))
+        info = {**info, "final_observation": final}
+        return frames, FrameStackState(env_state, frames), reward, terminated, truncated, info
+
+
+def make(
+    env_id: str,
+    num_envs: int | None = None,
+    *,
+    size: int = 64,
+    grayscale: bool = False,
+    frame_stack: int = 1,
+    as_bytes: bool = False,
+    **make_kwargs,
+):
     """`common.envs.make(env_id, num_envs, **make_kwargs)` with image
-    observations [(num_envs,) size, size, 1 or 3]; returns `(env, env_params)`."""
+    observations [(num_envs,) size, size, C x frame_stack], C 1 (grayscale) or
+    3, float32 in [0, 1] or with `as_bytes` uint8 in [0, 255]; returns
+    `(env, env_params)`. `env_id` may carry the `pixels:` prefix."""
+    env_id = base_id(env_id)
     if env_id not in RENDERERS:
         raise ValueError(f"no pixel renderer for env_id {env_id!r}; envs with one: {', '.join(RENDERERS)}")
     if size < 8:
         raise ValueError(f"image size must be >= 8 pixels, got {size}")
+    if frame_stack < 1:
+        raise ValueError(f"frame_stack must be >= 1, got {frame_stack}")
+    if frame_stack > 1 and num_envs is None:
+        raise ValueError("frame stacking works on a VecEnv: pass num_envs")
+    if make_kwargs.get("normalize_obs") or make_kwargs.get("flatten_obs"):
+        raise ValueError(
+            "normalize_obs and flatten_obs act on the observation vectors, before they are drawn: not for pixel envs"
+        )
     env, env_params = envs.make(env_id, num_envs, **make_kwargs)
     render = partial(RENDERERS[env_id], size=size, grayscale=grayscale)
-    return PixelObservation(env, render, (size, size, 1 if grayscale else 3)), env_params
+    env = PixelObservation(env, render, (size, size, 1 if grayscale else 3), as_bytes)
+    return (FrameStack(env, frame_stack) if frame_stack > 1 else env), env_params

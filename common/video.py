@@ -134,6 +134,7 @@ def frames(env_id: str, entries, length: int) -> tuple[np.ndarray, int]:
             render = jax.jit(jax.vmap(partial(CLASSIC_CONTROL[name], size=SIZE)))
             return to_uint8(np.asarray(render(jnp.asarray(entries, jnp.float32)))), fps_of(name)
         return vector_frames(entries), fps_of(name)
+    env_id = pixels.base_id(env_id)  # a pixels: id records its gymnax states, drawn here at SIZE
     observations = gymnax_observations(env_id, entries)
     if env_id in CLASSIC_CONTROL:
         render = jax.jit(jax.vmap(partial(CLASSIC_CONTROL[env_id], size=SIZE)))

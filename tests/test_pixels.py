@@ -106,3 +106,55 @@ def test_cartpole_pixel_env_has_image_observations():
     env, params = pixels.make("CartPole-v1", 4, size=32, grayscale=True)
     obs, _ = jax.eval_shape(env.reset, jax.random.key(1), params)
     assert obs.shape == (4, 32, 32, 1) and envs.spec(env, params).obs_shape == (32, 32, 1)
+
+
+def test_frame_stack_shifts_frames_and_restarts_the_stack_at_each_new_episode():
+    """FrameStack: k frames oldest first on the channel axis; a new episode
+    starts with its first frame in every slot; the ended episode's
+    final_observation is its stack with the final frame newest."""
+    k, limit = 3, 4
+    env, params = pixels.make("pixels:Pendulum-v1", 2, size=12, grayscale=True, frame_stack=k, max_episode_steps=limit)
+    single, _ = pixels.make("Pendulum-v1", 2, size=12, grayscale=True, max_episode_steps=limit)
+    assert envs.spec(env, params).obs_shape == (12, 12, k)
+    stack, state = env.reset(jax.random.key(0), params)
+    frame, single_state = single.reset(jax.random.key(0), params)
+    np.testing.assert_array_equal(stack, jnp.concatenate([frame] * k, -1))  # the first frame in every slot
+    history = [frame] * k
+    step, single_step = jax.jit(env.step), jax.jit(single.step)
+    for t in range(limit + 2):
+        action = jnp.full((2, 1), 1.5)
+        stack, state, _, terminated, truncated, info = step(jax.random.key(t + 1), state, action, params)
+        frame, single_state, _, _, single_truncated, single_info = single_step(
+            jax.random.key(t + 1), single_state, action, params
+        )
+        np.testing.assert_array_equal(truncated, single_truncated)
+        final_expected = jnp.concatenate([*history[1:], single_info["final_observation"]], -1)
+        np.testing.assert_array_equal(info["final_observation"], final_expected)
+        if bool(truncated[0]):  # step `limit`: the next episode's first frame fills the stack
+            assert t + 1 == limit and not bool(terminated.any())
+            history = [frame] * k
+            assert not np.array_equal(final_expected, jnp.concatenate(history, -1))
+        else:
+            history = [*history[1:], frame]
+        np.testing.assert_array_equal(stack, jnp.concatenate(history, -1))
+
+
+def test_as_bytes_rounds_the_float_images():
+    floats, params = pixels.make("CartPole-v1", 3, size=20)
+    as_bytes, _ = pixels.make("pixels:CartPole-v1", 3, size=20, as_bytes=True, frame_stack=2)
+    image, _ = floats.reset(jax.random.key(4), params)
+    stacked, _ = as_bytes.reset(jax.random.key(4), params)
+    assert stacked.dtype == jnp.uint8 and envs.spec(as_bytes, params).obs_shape == (20, 20, 6)
+    np.testing.assert_array_equal(stacked[..., 3:], np.round(np.asarray(image) * 255).astype(np.uint8))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"frame_stack": 0}, "frame_stack must be >= 1, got 0"),
+        ({"normalize_obs": True}, "normalize_obs and flatten_obs act on the observation vectors"),
+    ],
+)
+def test_pixel_env_refuses_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pixels.make("pixels:CartPole-v1", 2, **kwargs)

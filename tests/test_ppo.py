@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
 
-from jaxzoo import checkpoint, cli, logger, runner
+from jaxzoo import checkpoint, cli, logger, pixels, runner
 from jaxzoo.algos import ppo
 
 
@@ -29,8 +29,16 @@ def two_seed_run(tmp_path_factory):
 def test_smoke_two_seeds(two_seed_run):
     args, result = two_seed_run
     assert result.chunk_traces == 1  # one compile for the whole run
-    for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
-                 "explained_variance", "learning_rate", "steps_per_second"):
+    for name in (
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "approx_kl",
+        "clip_fraction",
+        "explained_variance",
+        "learning_rate",
+        "steps_per_second",
+    ):
         assert result.metrics[name].shape == (2, args.num_updates), name
         assert np.isfinite(result.metrics[name]).all(), name
     assert np.isfinite(result.metrics["episode_return"]).any()
@@ -154,7 +162,9 @@ def test_variants_run(tmp_path, overrides):
 
 
 def test_cli_tiny_run(tmp_path):
-    out = run_copied_script("ppo", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path), "--capture-video"])
+    out = run_copied_script(
+        "ppo", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path), "--capture-video"]
+    )
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout and "steps/s" in out.stdout
     (run_dir,) = tmp_path.iterdir()
@@ -199,9 +209,23 @@ def test_cartpole_learns(tmp_path):
     suite turns them off): 33 s instead of 54 s on 2 cores."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run(
-        [sys.executable, str(ROOT / "algos" / "ppo.py"), "--preset", "cartpole", "--num-seeds", "2",
-         "--log-every", "50", "--no-save-model", "--run-root", str(tmp_path)],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
+        [
+            sys.executable,
+            str(ROOT / "algos" / "ppo.py"),
+            "--preset",
+            "cartpole",
+            "--num-seeds",
+            "2",
+            "--log-every",
+            "50",
+            "--no-save-model",
+            "--run-root",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
     )
     assert out.returncode == 0, out.stderr
     (run_dir,) = tmp_path.iterdir()
@@ -240,7 +264,43 @@ def test_documented_presets_exist():
     import tomllib
 
     presets = tomllib.loads((ROOT / "configs" / "ppo.toml").read_text())
-    for name in ("cartpole", "pendulum", "rllib", "breakout-minatar", "space-invaders-minatar", "tiny", "atari",
-                 "rllib-breakout", "tiny-atari"):
+    for name in (
+        "cartpole",
+        "pendulum",
+        "rllib",
+        "breakout-minatar",
+        "space-invaders-minatar",
+        "tiny",
+        "atari",
+        "rllib-breakout",
+        "tiny-atari",
+    ):
         assert name in presets, name
         cli.preset_args(ppo.Args, "ppo", name)  # every key is an Args field
+
+
+@pytest.mark.parametrize("env_id", [f"pixels:{name}" for name in pixels.RENDERERS])
+def test_every_pixel_env_trains(tmp_path, env_id):
+    """Every env of the pixels: family (common/pixels.py's renderers) runs end to
+    end: small images through the cnn torso, stacked frames."""
+    args = tiny(tmp_path, env_id=env_id, image_size=12, frame_stack=2, total_timesteps=256, log_every=2)
+    result = ppo.main(args)
+    algo = ppo.make_train(args)
+    assert algo.spec.obs_shape == (12, 12, 2) and result.chunk_traces == 1
+    assert np.isfinite(result.eval_returns).all()
+
+
+def test_pixel_cartpole_preset_builds_bytes_for_the_nature_torso(tmp_path):
+    args = dataclasses.replace(cli.preset_args(ppo.Args, "ppo", "pixel-cartpole"), run_root=str(tmp_path))
+    env, env_params, _, spec, torso = ppo.make_envs(args)
+    obs, _ = jax.eval_shape(env.reset, jax.random.key(0), env_params)
+    assert torso == "nature" and spec.obs_shape == (64, 64, 4) and obs.dtype == np.uint8 and obs.shape[0] == 8
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [({"normalize_obs": True}, "normalize_obs and torso='mlp'"), ({"torso": "mlp"}, "normalize_obs and torso='mlp'")],
+)
+def test_pixel_env_refuses_what_is_for_vectors(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny(tmp_path, env_id="pixels:CartPole-v1", **overrides)
