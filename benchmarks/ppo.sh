@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every PPO number and curve in docs/ppo.md comes from this script.
-#   bash benchmarks/ppo.sh [cartpole|pendulum|rllib|breakout|space-invaders|minatar|atari|timing|all]
+#   bash benchmarks/ppo.sh [cartpole|pendulum|rllib|breakout|space-invaders|minatar|pixel-cartpole|atari|timing|all]
 # MINATAR_SEEDS (default 4) sets the seed count of the two MinAtar runs.
 # Runs go to benchmarks/out/ppo/<preset>/, curves to docs/img/, and
 # benchmarks/summarize.py prints the results table from the run directories.
@@ -25,6 +25,12 @@ if [[ $what == pendulum || $what == all ]]; then curve pendulum 4; fi
 if [[ $what == rllib || $what == all ]]; then curve rllib 4; fi
 if [[ $what == breakout || $what == minatar || $what == all ]]; then curve breakout-minatar "${MINATAR_SEEDS:-4}"; fi
 if [[ $what == space-invaders || $what == minatar || $what == all ]]; then curve space-invaders-minatar "${MINATAR_SEEDS:-4}"; fi
+# CartPole-v1 from 64 x 64 frames drawn in JAX (issue 29's model-free pixel baseline), PIXEL_SEEDS
+# seeds (default 4) of PIXEL_STEPS env steps each (default 500,000, the preset's; the learning rate
+# anneals over them). Not part of `all`.
+if [[ $what == pixel-cartpole ]]; then
+  curve pixel-cartpole "${PIXEL_SEEDS:-4}" --total-timesteps "${PIXEL_STEPS:-500000}"
+fi
 # Breakout from pixels, the atari preset (envpool; one seed per process), ATARI_SEEDS seeds
 # (default 2), ATARI_STEPS agent steps each (default 2,500,000 = 10M frames at frame skip 4,
 # about 2 hours a seed on the idle 2-core Xeon). Not part of `all`. Running it again resumes
