@@ -189,10 +189,8 @@ if [[ $what == carracing-dream ]]; then
   elif [[ ! -f $last/eval.json ]]; then
     $PY algos/world_models.py --resume "$last"
   fi
-  last=$(ls -d "$root"/*/ | tail -1)  # its small files, kept beside the seeds' (docs/data is committed)
-  kept=docs/data/world_models_carracing/dream-seed0
-  mkdir -p "$kept/controller" "$kept/mdn"
-  for f in args.json eval.json summary.json run_info.json controller/metrics.csv mdn/metrics.csv; do cp "$last/$f" "$kept/$f"; done
+  # its small files, kept beside the seeds' (docs/data is committed)
+  $PY benchmarks/world_models_figures.py --keep-carracing "$(ls -d "$root"/*/ | tail -1)" dream-seed0
 fi
 # stop-rule (after done-hidden): the paper's loop with its stopping rule per seed (a round's controller
 # is judged on the real episodes the next round's collect stage plays with it): round 1's controllers
