@@ -277,7 +277,7 @@ class EnvpoolAtari:
             return frames
         if previous is None:
             return jnp.tile(frames, (1, 1, 1, self.preprocessing.frame_stack))
-        return jnp.concatenate([previous[..., frames.shape[-1] :], frames], axis=-1)
+        return envs.push_frame(previous, frames)
 
     def _reset_pool(self, handle: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(handle, the pool's frames [N, H, W, c]) of a new game in every env."""

@@ -545,6 +545,13 @@ class RecordEpisode(Wrapper):
         return obs, RecordEpisodeState(env_state, frames, length, recording), reward, terminated, truncated, info
 
 
+def push_frame(frames: jax.Array, frame: jax.Array) -> jax.Array:
+    """A frame stack [..., c * k] (oldest first on the channel axis) without its
+    oldest frame and with `frame` [..., c] appended: DQN's stack, as Atari's
+    (common/atari.py) and the pixel envs' (common/pixels.py) build it."""
+    return jnp.concatenate([frames[..., frame.shape[-1] :], frame], axis=-1)
+
+
 def where_envs(mask: jax.Array, new_state, old_state):
     """Per env, `new_state` where `mask` [N] else `old_state` (an env frozen
     after its episode ended, as PlaNet's action repeat does). A RecordEpisode

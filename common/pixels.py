@@ -270,10 +270,6 @@ class FrameStack(envs.Wrapper):
         space = self._env.observation_space(params)
         return spaces.Box(space.low, space.high, (*space.shape[:-1], space.shape[-1] * self.k), space.dtype)
 
-    def push(self, frames: jax.Array, frame: jax.Array) -> jax.Array:
-        """Drop the oldest frame of `frames` [..., C * k], append `frame` [..., C]."""
-        return jnp.concatenate([frames[..., frame.shape[-1] :], frame], axis=-1)
-
     @partial(jax.jit, static_argnames=("self",))
     def reset(self, key, params=None):
         obs, state = self._env.reset(key, params)
@@ -283,9 +279,9 @@ class FrameStack(envs.Wrapper):
     @partial(jax.jit, static_argnames=("self",))
     def step(self, key, state, action, params=None):
         obs, env_state, reward, terminated, truncated, info = self._env.step(key, state.env_state, action, params)
-        final = self.push(state.frames, info["final_observation"])
+        final = envs.push_frame(state.frames, info["final_observation"])
         ended = (terminated | truncated).reshape(obs.shape[:1] + (1,) * (obs.ndim - 1))
-        frames = jnp.where(ended, jnp.concatenate([obs] * self.k, axis=-1), self.push(state.frames, obs))
+        frames = jnp.where(ended, jnp.concatenate([obs] * self.k, axis=-1), envs.push_frame(state.frames, obs))
         info = {**info, "final_observation": final}
         return frames, FrameStackState(env_state, frames), reward, terminated, truncated, info
 
