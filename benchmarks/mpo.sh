@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Every MPO number and curve in docs/mpo.md comes from this script.
-#   bash benchmarks/mpo.sh [pendulum|acme|mountaincar|cost|plots|all]
-# acme runs Acme's algorithmic choices (the `acme` preset) at the `pendulum`
-# preset's CPU sizes (networks, batch, samples, learning start, envs), so the two
-# curves differ only in the algorithm. cost times one learner step at several sizes.
+#   bash benchmarks/mpo.sh [pendulum|pendulum-256|acme|mountaincar|cost|plots|all]
+# pendulum-256 is the `pendulum` preset with the 256-256 networks it had until
+# 2026-11-27 (issue 27: 64-64 gives the same returns at about a quarter of the
+# cost). acme runs Acme's algorithmic choices (the `acme` preset) at
+# pendulum-256's CPU sizes (networks, batch, samples, learning start, envs), so
+# those two curves differ only in the algorithm. cost times one learner step at
+# several sizes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/out/mpo
@@ -21,14 +24,21 @@ cpu_sizes=(--num-envs 2 --policy-layers 256 256 --critic-layers 256 256 --batch-
            --learning-starts 5000 --total-timesteps 100000)
 
 if [[ $what == pendulum || $what == all ]]; then run pendulum --preset pendulum; fi
+if [[ $what == pendulum-256 || $what == all ]]; then
+  run pendulum-256 --preset pendulum --policy-layers 256 256 --critic-layers 256 256
+fi
 if [[ $what == acme || $what == all ]]; then run acme --preset acme "${cpu_sizes[@]}"; fi
 if [[ $what == mountaincar || $what == all ]]; then run mountaincar --preset mountaincar-continuous; fi
-if [[ $what == cost || $what == all ]]; then $PY benchmarks/mpo_cost.py | tee "$OUT/cost.md"; fi
+if [[ $what == cost || $what == all ]]; then $PY benchmarks/mpo_cost.py --seeds 1 4 | tee "$OUT/cost.md"; fi
 if [[ $what == plots || $what == all ]]; then
-  if [[ -d $OUT/pendulum && -d $OUT/acme ]]; then
-    $PY -m jaxzoo.plot $OUT/pendulum/* $OUT/acme/* --out docs/img/mpo_pendulum.png \
-      --title "MPO on Pendulum-v1, $SEEDS seeds: pendulum vs acme presets"
-    $PY benchmarks/plot_duals.py $OUT/pendulum/* $OUT/acme/* --out docs/img/mpo_duals.png
+  if [[ -d $OUT/pendulum-256 && -d $OUT/acme ]]; then
+    $PY -m jaxzoo.plot $OUT/pendulum-256/* $OUT/acme/* --out docs/img/mpo_pendulum.png \
+      --title "MPO on Pendulum-v1, $SEEDS seeds: pendulum (256-256) vs acme presets"
+    $PY benchmarks/plot_duals.py $OUT/pendulum-256/* $OUT/acme/* --out docs/img/mpo_duals.png
+  fi
+  if [[ -d $OUT/pendulum ]]; then
+    $PY -m jaxzoo.plot $OUT/pendulum/* $(ls -d $OUT/pendulum-256/* 2>/dev/null) --out docs/img/mpo_pendulum_64.png \
+      --title "MPO on Pendulum-v1, $SEEDS seeds: pendulum preset (64-64)"
   fi
   if [[ -d $OUT/mountaincar ]]; then
     $PY -m jaxzoo.plot $OUT/mountaincar/* --out docs/img/mpo_mountaincar.png --title "MPO on MountainCarContinuous-v0"

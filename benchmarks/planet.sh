@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every PlaNet number and figure in docs/planet.md comes from this script.
-#   bash benchmarks/planet.sh [cpu|cpu-resume|plots|video|cost|paper-smoke|dmc|dmc-resume|all]
+#   bash benchmarks/planet.sh [cpu|cpu-resume|plots|video|cost|vs-kaixhin|paper-smoke|dmc|dmc-resume|all]
 # cpu: the `cpu` preset on pixel Pendulum-v1 over $SEEDS seeds (vmapped in one
 # process), evaluated (planner, no noise) every 8 episodes; learning curves.
 # video: open-loop predictions against the real frames from the cpu run's final
@@ -13,6 +13,11 @@
 # dmc extra: pip install -e '.[dmc]'), the `cpu-cartpole-swingup` preset, one
 # seed per process ($DMC_SEEDS processes one after another), evaluated every 10
 # episodes; not part of `all`.
+# vs-kaixhin: one CEM plan at the `cpu` preset's settings, ours (with and without
+# per-call dispatch) and Kaixhin/PlaNet's (1 and 2 torch threads), interleaved
+# $ROUNDS times (default 3); needs KAIXHIN_PYTHON (a python with torch) and
+# KAIXHIN_PLANET (a work tree of Kaixhin/PlaNet; benchmarks/kaixhin_planet_cost.py).
+# Not part of `all`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/out/planet
@@ -43,6 +48,18 @@ if [[ $what == cost || $what == all ]]; then
   # The paper preset's plan (10 x 1000 candidates x 12 steps) and update (50 x 50 frames of 64 x 64 x 3) take
   # seconds each on a CPU: one timed call each, no whole episode.
   $PY benchmarks/planet_cost.py --presets paper --repeats 1 --plans-per-call 1 --no-episode --out "$OUT/cost_paper.json"
+fi
+if [[ $what == vs-kaixhin ]]; then
+  : "${KAIXHIN_PYTHON:?set KAIXHIN_PYTHON to a python with torch}" "${KAIXHIN_PLANET:?set KAIXHIN_PLANET to a Kaixhin/PlaNet work tree}"
+  mkdir -p "$OUT/vs-kaixhin"
+  for round in $(seq "${ROUNDS:-3}"); do
+    $PY benchmarks/planet_cost.py --presets cpu --no-episode --out "$OUT/vs-kaixhin/ours_$round.json"
+    $PY benchmarks/planet_cost.py --presets cpu --no-episode --plans-per-call 1 --out "$OUT/vs-kaixhin/ours_ppc1_$round.json"
+    for threads in 1 2; do
+      "$KAIXHIN_PYTHON" -W ignore benchmarks/kaixhin_planet_cost.py --planet "$KAIXHIN_PLANET" --threads "$threads" \
+        --out "$OUT/vs-kaixhin/kaixhin_t${threads}_$round.json"
+    done
+  done
 fi
 if [[ $what == paper-smoke || $what == all ]]; then
   rm -rf "$OUT/paper-smoke"

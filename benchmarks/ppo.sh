@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every PPO number and curve in docs/ppo.md comes from this script.
-#   bash benchmarks/ppo.sh [cartpole|pendulum|rllib|breakout|space-invaders|minatar|pixel-cartpole|atari|timing|all]
+#   bash benchmarks/ppo.sh [cartpole|pendulum|rllib|breakout|space-invaders|minatar|pixel-cartpole|pixel-pendulum|atari|timing|all]
 # MINATAR_SEEDS (default 4) sets the seed count of the two MinAtar runs.
 # Runs go to benchmarks/out/ppo/<preset>/, curves to docs/img/, and
 # benchmarks/summarize.py prints the results table from the run directories.
@@ -20,6 +20,11 @@ curve() {  # preset, num_seeds, extra flags...
   $PY -m jaxzoo.plot "$OUT/$preset"/* --out "docs/img/ppo_$preset.png" --title "PPO, $preset preset, $seeds seeds"
 }
 
+greedy_curve() {  # preset: its runs' --eval-every greedy returns against env steps
+  $PY -m jaxzoo.plot "$OUT/$1"/* --metric eval_return --smooth 1 --out "docs/img/ppo_$1_greedy.png" \
+    --title "PPO, $1 preset: greedy return (10 episodes per seed)"
+}
+
 if [[ $what == cartpole || $what == all ]]; then curve cartpole 8; fi
 if [[ $what == pendulum || $what == all ]]; then curve pendulum 4; fi
 if [[ $what == rllib || $what == all ]]; then curve rllib 4; fi
@@ -27,9 +32,18 @@ if [[ $what == breakout || $what == minatar || $what == all ]]; then curve break
 if [[ $what == space-invaders || $what == minatar || $what == all ]]; then curve space-invaders-minatar "${MINATAR_SEEDS:-4}"; fi
 # CartPole-v1 from 64 x 64 frames drawn in JAX (issue 29's model-free pixel baseline), PIXEL_SEEDS
 # seeds (default 4) of PIXEL_STEPS env steps each (default 500,000, the preset's; the learning rate
-# anneals over them). Not part of `all`.
+# anneals over them), with a greedy evaluation every 25 updates (25,600 env steps) for the return
+# at equal env steps against the world-model files (docs/ppo.md, From pixels). Not part of `all`.
 if [[ $what == pixel-cartpole ]]; then
-  curve pixel-cartpole "${PIXEL_SEEDS:-4}" --total-timesteps "${PIXEL_STEPS:-500000}"
+  curve pixel-cartpole "${PIXEL_SEEDS:-4}" --total-timesteps "${PIXEL_STEPS:-500000}" --eval-every 25
+  greedy_curve pixel-cartpole
+fi
+# Pendulum-v1 from 64 x 64 frames (the baseline for PlaNet's pixel Pendulum), PIXEL_SEEDS seeds of
+# PIXEL_STEPS env steps (default 49,152: 3x PlaNet's 16,000), a greedy evaluation every 2 updates
+# (4,096 env steps). Not part of `all`.
+if [[ $what == pixel-pendulum ]]; then
+  curve pixel-pendulum "${PIXEL_SEEDS:-4}" --total-timesteps "${PIXEL_STEPS:-49152}" --eval-every 2 --log-every 2
+  greedy_curve pixel-pendulum
 fi
 # Breakout from pixels, the atari preset (envpool; one seed per process), ATARI_SEEDS seeds
 # (default 2), ATARI_STEPS agent steps each (default 2,500,000 = 10M frames at frame skip 4,

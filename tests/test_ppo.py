@@ -290,11 +290,12 @@ def test_every_pixel_env_trains(tmp_path, env_id):
     assert np.isfinite(result.eval_returns).all()
 
 
-def test_pixel_cartpole_preset_builds_bytes_for_the_nature_torso(tmp_path):
-    args = dataclasses.replace(cli.preset_args(ppo.Args, "ppo", "pixel-cartpole"), run_root=str(tmp_path))
+@pytest.mark.parametrize("preset, num_envs", [("pixel-cartpole", 8), ("pixel-pendulum", 16)])
+def test_pixel_presets_build_bytes_for_the_nature_torso(tmp_path, preset, num_envs):
+    args = dataclasses.replace(cli.preset_args(ppo.Args, "ppo", preset), run_root=str(tmp_path))
     env, env_params, _, spec, torso = ppo.make_envs(args)
     obs, _ = jax.eval_shape(env.reset, jax.random.key(0), env_params)
-    assert torso == "nature" and spec.obs_shape == (64, 64, 4) and obs.dtype == np.uint8 and obs.shape[0] == 8
+    assert torso == "nature" and spec.obs_shape == (64, 64, 4) and obs.dtype == np.uint8 and obs.shape[0] == num_envs
 
 
 @pytest.mark.parametrize(
