@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Every MPO number and curve in docs/mpo.md comes from this script.
-#   bash benchmarks/mpo.sh [pendulum|pendulum-256|acme|mountaincar|cost|plots|all]
+#   bash benchmarks/mpo.sh [pendulum|pendulum-256|acme|mountaincar|cost|vs-stoix|plots|all]
 # pendulum-256 is the `pendulum` preset with the 256-256 networks it had until
 # 2026-11-27 (issue 27: 64-64 gives the same returns at about a quarter of the
 # cost). acme runs Acme's algorithmic choices (the `acme` preset) at
 # pendulum-256's CPU sizes (networks, batch, samples, learning start, envs), so
 # those two curves differ only in the algorithm. cost times one learner step at
-# several sizes.
+# several sizes. vs-stoix: one update of Stoix's MPO beside ours, alternated
+# $ROUNDS times (default 3); needs STOIX_PYTHON (an environment set up as
+# benchmarks/stoix_mpo_cost.py's docstring says) and STOIX (a Stoix work tree).
+# Not part of `all`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/out/mpo
@@ -30,6 +33,15 @@ fi
 if [[ $what == acme || $what == all ]]; then run acme --preset acme "${cpu_sizes[@]}"; fi
 if [[ $what == mountaincar || $what == all ]]; then run mountaincar --preset mountaincar-continuous; fi
 if [[ $what == cost || $what == all ]]; then $PY benchmarks/mpo_cost.py --seeds 1 4 | tee "$OUT/cost.md"; fi
+if [[ $what == vs-stoix ]]; then
+  : "${STOIX_PYTHON:?set STOIX_PYTHON}" "${STOIX:?set STOIX to a Stoix work tree}"
+  for round in $(seq "${ROUNDS:-3}"); do
+    "$STOIX_PYTHON" benchmarks/stoix_mpo_cost.py --stoix "$STOIX"
+    "$STOIX_PYTHON" benchmarks/stoix_mpo_cost.py --stoix "$STOIX" --layers 64 64
+    "$STOIX_PYTHON" benchmarks/stoix_mpo_cost.py --stoix "$STOIX" --batch-size 64
+    $PY benchmarks/mpo_cost.py
+  done
+fi
 if [[ $what == plots || $what == all ]]; then
   if [[ -d $OUT/pendulum-256 && -d $OUT/acme ]]; then
     $PY -m jaxzoo.plot $OUT/pendulum-256/* $OUT/acme/* --out docs/img/mpo_pendulum.png \
