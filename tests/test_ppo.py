@@ -274,6 +274,8 @@ def test_documented_presets_exist():
         "atari",
         "rllib-breakout",
         "tiny-atari",
+        "pixel-cartpole",
+        "pixel-pendulum",
     ):
         assert name in presets, name
         cli.preset_args(ppo.Args, "ppo", name)  # every key is an Args field
