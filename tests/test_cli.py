@@ -58,3 +58,23 @@ def test_extends_resolves_the_base_preset():
     base = cli.preset_args(Args, "ppo", "breakout-minatar")
     assert args.env_id == "SpaceInvaders-MinAtar"
     assert dataclasses.replace(args, env_id=base.env_id) == base
+
+
+def test_user_errors_freezes_the_heap_and_still_maps_errors(capsys):
+    """`user_errors` freezes what is alive at entry (tracing then skips it) and
+    at exit, also when it turns a ValueError into exit code 2."""
+    import gc
+
+    gc.unfreeze()
+    try:
+        with cli.user_errors():
+            frozen_at_entry = gc.get_freeze_count()
+        assert frozen_at_entry > 0
+        with pytest.raises(SystemExit) as exit_info:
+            with cli.user_errors():
+                made_inside = [[] for _ in range(1000)]  # tracked containers created during the run
+                raise ValueError("bad value")
+        assert exit_info.value.code == cli.EXIT_USAGE and "error: bad value" in capsys.readouterr().err
+        assert gc.get_freeze_count() >= frozen_at_entry + len(made_inside)
+    finally:
+        gc.unfreeze()  # the rest of the test session collects as usual

@@ -276,6 +276,7 @@ def test_documented_presets_exist():
         "tiny-atari",
         "pixel-cartpole",
         "pixel-pendulum",
+        "cartpole-fast",
     ):
         assert name in presets, name
         cli.preset_args(ppo.Args, "ppo", name)  # every key is an Args field
