@@ -39,6 +39,7 @@ if [[ $what == vs-stoix ]]; then
     "$STOIX_PYTHON" benchmarks/stoix_mpo_cost.py --stoix "$STOIX"
     "$STOIX_PYTHON" benchmarks/stoix_mpo_cost.py --stoix "$STOIX" --layers 64 64
     "$STOIX_PYTHON" benchmarks/stoix_mpo_cost.py --stoix "$STOIX" --batch-size 64
+    "$STOIX_PYTHON" benchmarks/stoix_mpo_cost.py --stoix "$STOIX" --layers 64 64 --batch-size 64
     $PY benchmarks/mpo_cost.py
   done
 fi

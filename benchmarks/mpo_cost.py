@@ -12,7 +12,8 @@ time goes (docs/performance.md).
 
 Each learner step runs the target critic on batch x num_samples sampled actions
 twice (the E-step at s, the expected value at s') plus the critic, dual and
-M-step updates. Prints a markdown table (median of 5 timings of 20 steps).
+M-step updates. Prints a markdown table (median of 5 timings of 20 steps, each
+timing one compiled call that scans the 20 steps, as a run's loop does).
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ def compiled_counts(overrides: dict) -> str:
 
 
 def milliseconds_per_step(overrides: dict, seeds: int = 1, steps: int = 20, repeats: int = 5) -> float:
+    """Median over `repeats` of (one compiled call running `steps` learner steps
+    in a `lax.scan`) / steps: the way a run executes them, inside its jitted
+    loop. Calling a jitted step from Python once per step instead adds the
+    host's dispatch (flattening the NNX state's 70-odd Variables, making the
+    key): 1-2 ms a step here, more than the whole 64-64 step itself."""
     args = mpo.Args(**overrides)
     algo = mpo.make_train(args)
     keys = jax.random.split(jax.random.key(0), seeds)
@@ -75,15 +81,21 @@ def milliseconds_per_step(overrides: dict, seeds: int = 1, steps: int = 20, repe
     windows = jax.tree.map(
         lambda x: jnp.ones((seeds, args.batch_size, args.n_step) + x.shape[3:], x.dtype), state.buffer.data
     )
-    step = jax.jit(jax.vmap(algo.learner_step))
-    learner, _ = step(state.learner, windows, keys)
-    jax.block_until_ready(learner)
+    step = jax.vmap(algo.learner_step)
+
+    @jax.jit
+    def run_steps(learner, key):
+        def one(learner, key):
+            learner, metrics = step(learner, windows, jax.random.split(key, seeds))
+            return learner, metrics["critic_loss"]
+
+        return jax.lax.scan(one, learner, jax.random.split(key, steps))[0]
+
+    learner = jax.block_until_ready(run_steps(state.learner, jax.random.key(1)))
     timings = []
-    for _ in range(repeats):
+    for repeat in range(repeats):
         start = time.perf_counter()
-        for i in range(steps):
-            learner, _ = step(learner, windows, jax.random.split(jax.random.key(i), seeds))
-        jax.block_until_ready(learner)
+        learner = jax.block_until_ready(run_steps(learner, jax.random.key(repeat)))
         timings.append((time.perf_counter() - start) / steps * 1e3)
     return statistics.median(timings)
 

@@ -1,6 +1,8 @@
 """Milliseconds per learner update of Stoix's continuous MPO, timed the way
-benchmarks/mpo_cost.py times ours (one seed, jitted, after compiling, median
-of 5 timings of 20 steps), for the comparison of issue 27.
+benchmarks/mpo_cost.py times ours (one seed, after compiling, median of 5
+timings of one compiled call that runs 20 updates in a `lax.scan`, as a run's
+loop does: the host's per-call dispatch is not counted on either side), for
+the comparison of issue 27.
 
 Runs with a Python environment that has Stoix's dependencies, not ours (Stoix
 pins jax < 0.6); the exact set is listed below. Side by side with ours:
@@ -189,15 +191,15 @@ def milliseconds_per_update(
             (params, opt_states, _, key), _ = update_epoch((carry[0], carry[1], buffer, carry[2]), None)
             return params, opt_states, key  # the update splits its own key
 
-        step = jax.pmap(jax.vmap(update, axis_name="batch"), axis_name="device")
-        carry = step(carry, buffer)
-        jax.block_until_ready(carry)
+        def run_steps(carry, buffer):  # `steps` updates in one compiled call, as learner_fn's scan runs them
+            return jax.lax.scan(lambda carry, _: (update(carry, buffer), None), carry, None, steps)[0]
+
+        run = jax.pmap(jax.vmap(run_steps, axis_name="batch"), axis_name="device")
+        carry = jax.block_until_ready(run(carry, buffer))
         timings = []
         for _ in range(repeats):
             start = time.perf_counter()
-            for _ in range(steps):
-                carry = step(carry, buffer)
-            jax.block_until_ready(carry)
+            carry = jax.block_until_ready(run(carry, buffer))
             timings.append((time.perf_counter() - start) / steps * 1e3)
         return statistics.median(timings)
 
