@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every PPO number and curve in docs/ppo.md comes from this script.
-#   bash benchmarks/ppo.sh [cartpole|pendulum|rllib|breakout|space-invaders|minatar|pixel-cartpole|pixel-pendulum|atari|timing|all]
+#   bash benchmarks/ppo.sh [cartpole|pendulum|rllib|breakout|space-invaders|minatar|pixel-cartpole|pixel-pendulum|atari|timing|start-to-solved|all]
 # MINATAR_SEEDS (default 4) sets the seed count of the two MinAtar runs.
 # Runs go to benchmarks/out/ppo/<preset>/, curves to docs/img/, and
 # benchmarks/summarize.py prints the results table from the run directories.
@@ -64,6 +64,12 @@ if [[ $what == atari ]]; then
   $PY -m jaxzoo.plot "$OUT"/atari/seed*/* --metric game_score --smooth 50 --out docs/img/ppo_atari_breakout.png \
     --title "PPO, Breakout (envpool, atari preset), game score"
   $PY benchmarks/summarize.py --windows 250000 game_score "$OUT"/atari/seed*/*  # docs/ppo.md's table
+fi
+# From process start to a greedy 475 (issue 27): one process per seed, SEEDS (default 10), the
+# cartpole-fast preset alternating with the cartpole preset stopped at 150k (docs/performance.md).
+if [[ $what == start-to-solved ]]; then
+  $PY benchmarks/ppo_start_to_solved.py --seeds "${SEEDS:-10}" --config fast "--preset cartpole-fast" \
+    --config cartpole-150k "--preset cartpole --total-timesteps 150000" --out "$OUT/start_to_solved.json"
 fi
 if [[ $what == timing || $what == all ]]; then
   : "${PUREJAXRL:?set PUREJAXRL to the directory holding the PureJaxRL ppo.py}"
