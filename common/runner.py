@@ -726,6 +726,8 @@ class _ChunkLoop:
         if self.compiled_eval is None:
             # Lowered, then compiled, by the one background thread while chunks run.
             self.compiled_eval = self.background.submit(lambda: self.eval_lowered.result().compile())
+        elif self.compiled_eval.done():
+            self.compiled_eval.result()  # an evaluation that fails to trace or compile stops the run now, not at its end
 
     def evaluate_now(self, state, seeds: np.ndarray) -> tuple[jax.Array, float]:
         """The evaluation of the state just dispatched: (returns [num_seeds,

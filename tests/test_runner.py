@@ -141,3 +141,23 @@ def test_an_evaluated_chunk_is_clocked_when_its_evaluation_ends(tmp_path):
     mine = rows["seed_index"] == 0
     clock = dict(zip(rows["update"][mine], rows["wall_seconds"][mine]))
     assert clock[4] - clock[2] >= 0.8  # the second chunk ran after the first evaluation's row was clocked
+
+
+def test_an_evaluation_that_fails_to_trace_stops_the_run_early(tmp_path):
+    """The evaluation is traced and compiled in the background while chunks run;
+    its error still stops the run within a few chunks, not after all of them."""
+    init, update, _ = toy_algorithm()
+    updates_run = []
+
+    def counted_update(state):
+        jax.debug.callback(lambda: updates_run.append(1))
+        return update(state)
+
+    def broken_evaluate(state, _key):
+        raise ValueError("evaluate cannot be traced")
+
+    args = ToyArgs(run_root=str(tmp_path / "broken"), log_every=1)
+    num_updates = 2000
+    with pytest.raises(ValueError, match="evaluate cannot be traced"):
+        runner.run(args, "toy", init, counted_update, broken_evaluate, num_updates=num_updates, steps_per_update=10)
+    assert len(updates_run) < num_updates // 10  # (the seeds are vmapped: one callback per update)
