@@ -257,7 +257,7 @@ def user_errors():
     flax, gymnax, ...) and again at exit out of the garbage collector's
     sight (`gc.freeze`): the collections during tracing stop walking them, and
     the interpreter's final ones do not walk anything, which made a CartPole
-    run's exit 0.45 s shorter here (docs/performance.md). Frozen objects are
+    run's exit about 0.4 s shorter here (docs/performance.md). Frozen objects are
     still freed by reference counting."""
     gc.freeze()
     try:
