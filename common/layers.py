@@ -1,11 +1,11 @@
-"""Convolutions written as patches @ kernel matmuls, shared by the files that
-see images: `patches` (the MinAtar 3x3 convolution of algos/ppo.py,
-rainbow.py, unizero.py and unizero_ppo.py), and the stride-2 convolutions and
-their transposes of algos/planet.py and algos/world_models.py. XLA:CPU computes
-the kernel gradient of a real convolution several times slower inside a
-`lax.scan` (docs/ppo.md, detail 13; docs/planet.md, detail 12); a matmul over
-patches is the same function without that cost. Each file keeps its own kernel
-(its own initialisation); only the patch extraction is shared."""
+"""Convolutions written as matmuls, shared by the files that see images:
+`patches` (the MinAtar 3x3 convolution of algos/ppo.py, rainbow.py,
+unizero.py and unizero_ppo.py, which keep their own kernels), and the
+stride-2 convolution and its transpose (`StridedConv`, `StridedConvTranspose`)
+of algos/planet.py and algos/world_models.py. XLA:CPU computes the kernel
+gradient of a real convolution several times slower inside a `lax.scan`
+(docs/ppo.md, detail 13; docs/planet.md, detail 12); a matmul over patches
+is the same function without that cost."""
 
 from __future__ import annotations
 
