@@ -81,6 +81,27 @@ if [[ ${SET:-} == search ]]; then
     "uz_gap0.01_entropy5e-3|unizero|--q-rescale-min-gap 0.01 --policy-entropy-coef 5e-3"
   )
 fi
+# SET=plateau: both halves of issue 29's MinAtar target in one GPU call. UniZero at 100k steps,
+# 2 vmapped seeds per process: the preset against the two search-sharpness fixes together.
+# UniZero-PPO at 500k, 4 vmapped seeds per process: the end-to-end preset and one change each
+# (docs/unizero_ppo.md's "candidates for the rest of the gap"). PPO's preset cut to 100k and
+# 500k (learning rate annealed over each), 4 seeds, as the references. A row's own flags come
+# last on its command line, so its --num-seeds and --total-timesteps override SEEDS and STEPS.
+if [[ ${SET:-} == plateau ]]; then
+  CONFIGS=(
+    "ppo_100k|ppo|--total-timesteps 100000 --num-seeds 4"
+    "ppo_500k|ppo|--num-seeds 4"
+    "uz_base|unizero|--total-timesteps 100000 --num-seeds 2"
+    "uz_gap0.01_entropy5e-3|unizero|--q-rescale-min-gap 0.01 --policy-entropy-coef 5e-3 --total-timesteps 100000 --num-seeds 2"
+    "uzppo_e2e|unizero_ppo|--num-seeds 4"
+    "uzppo_nokl|unizero_ppo|--target-kl 0 --num-seeds 4"
+    "uzppo_embed128|unizero_ppo|--embed-dim 128 --num-seeds 4"
+    "uzppo_envs64|unizero_ppo|--num-envs 64 --num-seeds 4"
+    "uzppo_temp1|unizero_ppo|--sampling-temperature 1.0 --num-seeds 4"
+    "uzppo_unroll10|unizero_ppo|--num-unroll-steps 10 --num-seeds 4"
+    "uzppo_lr1e-3_nokl|unizero_ppo|--learning-rate 1e-3 --target-kl 0 --num-seeds 4"
+  )
+fi
 if [[ ${EXTRA:-0} == 1 ]]; then
   CONFIGS+=(
     "uzppo_embed128|unizero_ppo|--embed-dim 128"
@@ -107,7 +128,8 @@ for config in "${CONFIGS[@]}"; do
   else
     preset_flags="--preset breakout-minatar --total-timesteps ${STEPS:-500000} ${DEFAULT_FLAGS[$algo]}"
   fi
-  cmd="$PY algos/$algo.py $preset_flags $flags --exp-name sweep-$name --num-seeds $SEEDS --no-save-model --run-root $OUT/runs/$name"
+  cmd="$PY algos/$algo.py $preset_flags --exp-name sweep-$name --num-seeds $SEEDS --no-save-model --run-root $OUT/runs/$name $flags"
+  [[ ${SMOKE:-0} == 1 ]] && cmd+=" --total-timesteps 2000"   # over a row's own budget too
   echo "$name: $cmd" >> "$OUT/summary.txt"
   (
     echo "$cmd"
@@ -209,10 +231,12 @@ for name in names:
         f"{fmt(episode_mean(rows, last - 20_000, last)):>9} {fmt(near[0] if near else math.nan):>9} "
         f"{(fmt(evals[-1][1]) + f'({evals[-1][0]})') if evals else '-':>16} {fmt(final):>6}"
     )
-    # Training return along the way (per 50k steps) and the diagnostics over the last 20k.
-    curve = " ".join(f"{k // 1000}k:{fmt(episode_mean(rows, k - 50_000, k), 1)}" for k in range(50_000, last + 1, 50_000))
+    # Training return along the way (per 50k steps; per 20k for runs of 150k steps or less) and
+    # the diagnostics over the last 20k.
+    span = 20_000 if last <= 150_000 else 50_000
+    curve = " ".join(f"{k // 1000}k:{fmt(episode_mean(rows, k - span, k), 1)}" for k in range(span, last + 1, span))
     diag = " ".join(f"{k}={fmt(mean_of(rows, k, last - 20_000), 3)}" for k in diagnostics if k in rows[-1])
-    details.append(f"{name}: {curve or '(under 50k steps)'}\n    {diag}")
+    details.append(f"{name}: {curve or '(under 20k steps)'}\n    {diag}")
 print("\n".join(details))
 if all_rows:
     with open(f"{out}/all_metrics.csv", "w", newline="") as f:
