@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|search-cost|parts|vs-lightzero|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|search-cost|parts|vs-lightzero|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves, BREAKOUT_STEPS the
 # Breakout budget (docs: SEEDS=2 BREAKOUT_STEPS=100000). The CartPole runs
@@ -28,6 +28,14 @@ one_process_per_seed() {  # ROOT, then algos/unizero.py flags
   done
 }
 
+# Issue 29's lead for the Breakout plateau (docs/unizero.md): the preset with the Q rescaling's
+# floor at LightZero's value_delta_max and its policy-entropy bonus; not part of `all`.
+if [[ $what == breakout-search-fix ]]; then
+  rm -rf "$OUT/breakout-minatar-search-fix"
+  one_process_per_seed "$OUT/breakout-minatar-search-fix" --preset breakout-minatar \
+    --total-timesteps "${BREAKOUT_STEPS:-500000}" --q-rescale-min-gap 0.01 --policy-entropy-coef 5e-3 \
+    --exp-name unizero-minatar-search-fix
+fi
 if [[ $what == cartpole-v0 || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0"
   $PY algos/unizero.py --preset cartpole-v0 --num-seeds "$SEEDS" --run-root "$OUT/cartpole-v0" --eval-every 5
