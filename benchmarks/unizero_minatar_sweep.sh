@@ -102,6 +102,15 @@ if [[ ${SET:-} == plateau ]]; then
     "uzppo_lr1e-3_nokl|unizero_ppo|--learning-rate 1e-3 --target-kl 0 --num-seeds 4"
   )
 fi
+# SET=schedule: UniZero-PPO at 500k, 4 seeds, PPO's optimisation schedule one piece at a time
+# (ppo.py's preset anneals its learning rate to 0 and clips gradients at 0.5).
+if [[ ${SET:-} == schedule ]]; then
+  CONFIGS=(
+    "uzppo_anneal|unizero_ppo|--anneal-lr --num-seeds 4"
+    "uzppo_lr1e-3_anneal|unizero_ppo|--learning-rate 1e-3 --anneal-lr --num-seeds 4"
+    "uzppo_clip0.5|unizero_ppo|--max-grad-norm 0.5 --num-seeds 4"
+  )
+fi
 if [[ ${EXTRA:-0} == 1 ]]; then
   CONFIGS+=(
     "uzppo_embed128|unizero_ppo|--embed-dim 128"
