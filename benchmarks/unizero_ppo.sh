@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero-PPO number and curve in docs/unizero_ppo.md comes from this script.
-#   bash benchmarks/unizero_ppo.sh [cartpole|cartpole-v0|ablations|breakout|speed|all]
+#   bash benchmarks/unizero_ppo.sh [cartpole|cartpole-v0|ablations|breakout|breakout-ablations|speed|all]
 # SEEDS (default 4) sets the seed count; BREAKOUT_STEPS (default 500000) the
 # Breakout-MinAtar budget per seed. Runs go to benchmarks/out/unizero_ppo/, and
 #   python benchmarks/summarize.py benchmarks/out/unizero_ppo/<group>/*
@@ -61,6 +61,16 @@ if [[ $what == breakout || $what == all ]]; then
   $PY -m jaxzoo.plot $OUT/breakout-minatar/* $OUT/ppo-breakout-minatar/* --labels UniZero-PPO PPO \
     --out docs/img/unizero_ppo_vs_ppo_breakout.png \
     --title "Breakout-MinAtar, $SEEDS seeds: UniZero-PPO vs PPO at equal env steps"
+fi
+if [[ $what == breakout-ablations ]]; then  # issue 29: what the world model adds at 500k (not part of `all`)
+  # gamma 0.99 (PPO's), the latent loss at weight 1 (from 10), and no world-model losses at all
+  # (PPO alone on the same transformer); each against the `breakout` runs above.
+  for row in "gamma0.99|--gamma 0.99" "latent1|--latent-coef 1" "ppo-only|--latent-coef 0 --reward-coef 0"; do
+    name=${row%%|*}
+    rm -rf "$OUT/breakout-$name"
+    $PY algos/unizero_ppo.py --preset breakout-minatar --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
+      --run-root "$OUT/breakout-$name" --exp-name "uzppo-$name" --no-save-model ${row#*|}
+  done
 fi
 if [[ $what == speed || $what == all ]]; then  # each file alone, 1 seed, CartPole-v1: run nothing else meanwhile
   rm -rf "$OUT/speed"
