@@ -24,7 +24,13 @@
 #
 # If `jaxzoo` is not importable (a bare device machine), the wheels in .whl/ are installed into
 # a temporary folder and `jaxzoo` is mapped onto this checkout (common/, algos/, configs/)
-# without building anything.
+# without building anything. The machine lent on 2026-11-27 (Python 3.12, jax 0.11.2, flax,
+# optax and chex already there) needed these 12 wheels, 9 MB, fetched here with
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl \
+#     gymnax==1.0.1 mctx==0.0.71 distrax==0.1.9 tyro==1.0.17 gymnasium==1.3.0 tfp-nightly \
+#     docstring-parser typeguard farama-notifications dm-tree gast decorator
+# (the versions of this checkout's environment; .whl/ ignored through .git/info/exclude).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
