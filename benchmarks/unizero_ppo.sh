@@ -65,7 +65,9 @@ fi
 if [[ $what == breakout-ablations ]]; then  # issue 29: what the world model adds at 500k (not part of `all`)
   # gamma 0.99 (PPO's), the latent loss at weight 1 (from 10), and no world-model losses at all
   # (PPO alone on the same transformer); each against the `breakout` runs above.
-  for row in "gamma0.99|--gamma 0.99" "latent1|--latent-coef 1" "ppo-only|--latent-coef 0 --reward-coef 0"; do
+  # Then two of the PPO learner's settings: a larger entropy bonus, and PPO's data per update.
+  for row in "gamma0.99|--gamma 0.99" "latent1|--latent-coef 1" "ppo-only|--latent-coef 0 --reward-coef 0" \
+    "ent0.03|--ent-coef 0.03" "ppo-volume|--num-envs 64 --num-minibatches 8 --learning-rate 1e-3"; do
     name=${row%%|*}
     rm -rf "$OUT/breakout-$name"
     $PY algos/unizero_ppo.py --preset breakout-minatar --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
