@@ -35,6 +35,10 @@ if [[ $what == breakout-search-fix ]]; then
   one_process_per_seed "$OUT/breakout-minatar-search-fix" --preset breakout-minatar \
     --total-timesteps "${BREAKOUT_STEPS:-500000}" --q-rescale-min-gap 0.01 --policy-entropy-coef 5e-3 \
     --exp-name unizero-minatar-search-fix
+  # PPO on the same machine and budget, the table's reference column.
+  rm -rf "$OUT/ppo-breakout-minatar-search-fix"
+  $PY algos/ppo.py --preset breakout-minatar --total-timesteps "${BREAKOUT_STEPS:-500000}" --num-seeds "$SEEDS" \
+    --run-root "$OUT/ppo-breakout-minatar-search-fix" --exp-name ppo-minatar
 fi
 if [[ $what == cartpole-v0 || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0"
