@@ -13,7 +13,9 @@
 # reference. EXTRA=1 adds four more (embed 128, no KL stop, replay ratio 0.5, 10-step windows).
 # UniZero-PPO's preset was heads-only when docs/data/unizero_minatar_sweep/ was measured (its
 # `uzppo_base` row); the preset is now end to end, so that row is `uzppo_heads_only` here and
-# the other UniZero-PPO rows now test their change on top of the end-to-end preset.
+# the other UniZero-PPO rows now test their change on top of the end-to-end preset. Since then
+# the preset took PPO's step-size regime; these rows keep the one they were measured on,
+# `breakout-minatar-lr3e-4`.
 # SMOKE=1 swaps every preset for `tiny` and 2,000 steps: a check that the script runs and
 # prints, on any machine (its numbers mean nothing).
 #
@@ -125,6 +127,8 @@ if [[ ${EXTRA:-0} == 1 ]]; then
     "uz_unroll10|unizero|--num-unroll-steps 10"
   )
 fi
+# UniZero-PPO's rows ran on its preset before PPO's step-size regime (configs/unizero_ppo.toml).
+declare -A PRESET=([ppo]=breakout-minatar [unizero_ppo]=breakout-minatar-lr3e-4 [unizero]=breakout-minatar)
 declare -A DEFAULT_FLAGS=(
   [ppo]="--log-every 2 --eval-every 12"
   [unizero_ppo]="--log-every 10 --eval-every 125"
@@ -141,7 +145,7 @@ for config in "${CONFIGS[@]}"; do
   if [[ ${SMOKE:-0} == 1 ]]; then
     preset_flags="--preset tiny --env-id Breakout-MinAtar --total-timesteps 2000 --log-every 2"
   else
-    preset_flags="--preset breakout-minatar --total-timesteps ${STEPS:-500000} ${DEFAULT_FLAGS[$algo]}"
+    preset_flags="--preset ${PRESET[$algo]} --total-timesteps ${STEPS:-500000} ${DEFAULT_FLAGS[$algo]}"
   fi
   cmd="$PY algos/$algo.py $preset_flags --exp-name sweep-$name --num-seeds $SEEDS --no-save-model --run-root $OUT/runs/$name $flags"
   [[ ${SMOKE:-0} == 1 ]] && cmd+=" --total-timesteps 2000"   # over a row's own budget too

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero-PPO number and curve in docs/unizero_ppo.md comes from this script.
-#   bash benchmarks/unizero_ppo.sh [cartpole|cartpole-v0|ablations|breakout|breakout-ablations|speed|all]
+#   bash benchmarks/unizero_ppo.sh [cartpole|cartpole-v0|ablations|breakout|breakout-ablations|breakout-context|speed|all]
 # SEEDS (default 4) sets the seed count; BREAKOUT_STEPS (default 500000) the
 # Breakout-MinAtar budget per seed. Runs go to benchmarks/out/unizero_ppo/, and
 #   python benchmarks/summarize.py benchmarks/out/unizero_ppo/<group>/*
@@ -70,8 +70,32 @@ if [[ $what == breakout-ablations ]]; then  # issue 29: what the world model add
     "ent0.03|--ent-coef 0.03" "ppo-volume|--num-envs 64 --num-minibatches 8 --learning-rate 1e-3"; do
     name=${row%%|*}
     rm -rf "$OUT/breakout-$name"
-    $PY algos/unizero_ppo.py --preset breakout-minatar --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
+    $PY algos/unizero_ppo.py --preset breakout-minatar-lr3e-4 --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
       --run-root "$OUT/breakout-$name" --exp-name "uzppo-$name" --no-save-model ${row#*|}
+  done
+fi
+if [[ $what == breakout-context ]]; then  # issue 29: is it the transformer's context, or the schedule?
+  # UniZero-PPO with 1-step windows (each token attends to itself only, so the transformer acts as a
+  # per-step MLP) against the preset's 5 (`breakout` above). Then PPO itself (its CNN, one torso for the
+  # policy and one for the value) with one torso shared as UniZero-PPO's is, with UniZero-PPO's whole
+  # schedule (16 envs x 50 steps per update in 4 minibatches, lr 3e-4 constant, gamma 0.997, clip 5,
+  # shared torso), and with the two halves of that schedule: the step size, and the data per update.
+  rm -rf "$OUT/breakout-window1"
+  $PY algos/unizero_ppo.py --preset breakout-minatar-lr3e-4 --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
+    --run-root "$OUT/breakout-window1" --exp-name uzppo-window1 --no-save-model --num-unroll-steps 1
+  # a larger step alone (docs/unizero_ppo.md stopped this one at 150k): lr 5e-3 annealed, clip 0.5,
+  # the KL stop and temperature 0.25 kept. The whole regime is the `breakout-minatar` preset (`breakout`).
+  rm -rf "$OUT/breakout-lr5e-3"
+  $PY algos/unizero_ppo.py --preset breakout-minatar-lr3e-4 --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
+    --run-root "$OUT/breakout-lr5e-3" --exp-name uzppo-lr5e-3 --no-save-model --learning-rate 5e-3 --anneal-lr \
+    --max-grad-norm 0.5
+  for row in "shared|--shared-torso" \
+    "uzschedule|--shared-torso --num-envs 16 --num-steps 50 --num-minibatches 4 --learning-rate 3e-4 --no-anneal-lr --gamma 0.997 --max-grad-norm 5" \
+    "lr3e-4|--learning-rate 3e-4 --no-anneal-lr" "16x50|--num-envs 16 --num-steps 50 --num-minibatches 4"; do
+    name=${row%%|*}
+    rm -rf "$OUT/ppo-breakout-$name"
+    $PY algos/ppo.py --preset breakout-minatar --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
+      --run-root "$OUT/ppo-breakout-$name" --exp-name "ppo-minatar-$name" --no-save-model ${row#*|}
   done
 fi
 if [[ $what == speed || $what == all ]]; then  # each file alone, 1 seed, CartPole-v1: run nothing else meanwhile
