@@ -89,6 +89,10 @@ if [[ $what == breakout-context ]]; then  # issue 29: is it the transformer's co
   $PY algos/unizero_ppo.py --preset breakout-minatar-lr3e-4 --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
     --run-root "$OUT/breakout-lr5e-3" --exp-name uzppo-lr5e-3 --no-save-model --learning-rate 5e-3 --anneal-lr \
     --max-grad-norm 0.5
+  # the `breakout-minatar` preset (PPO's step size) with no world-model losses: PPO alone on the transformer
+  rm -rf "$OUT/breakout-ppo-only"
+  $PY algos/unizero_ppo.py --preset breakout-minatar --num-seeds "$SEEDS" --total-timesteps "$BREAKOUT_STEPS" \
+    --run-root "$OUT/breakout-ppo-only" --exp-name uzppo-ppo-only --no-save-model --latent-coef 0 --reward-coef 0
   for row in "shared|--shared-torso" \
     "uzschedule|--shared-torso --num-envs 16 --num-steps 50 --num-minibatches 4 --learning-rate 3e-4 --no-anneal-lr --gamma 0.997 --max-grad-norm 5" \
     "lr3e-4|--learning-rate 3e-4 --no-anneal-lr" "16x50|--num-envs 16 --num-steps 50 --num-minibatches 4"; do
