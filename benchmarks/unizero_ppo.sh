@@ -93,6 +93,13 @@ if [[ $what == breakout-context ]]; then  # issue 29: is it the transformer's co
   rm -rf "$OUT/breakout-ppo-only"
   $PY algos/unizero_ppo.py --preset breakout-minatar --num-seeds "$SEEDS" --total-timesteps "$BREAKOUT_STEPS" \
     --run-root "$OUT/breakout-ppo-only" --exp-name uzppo-ppo-only --no-save-model --latent-coef 0 --reward-coef 0
+  # two parts of PPO's regime undone one at a time on the new preset: sampling temperature 0.25, the KL stop 0.03
+  for row in "temp0.25|--sampling-temperature 0.25" "kl0.03|--target-kl 0.03"; do
+    name=${row%%|*}
+    rm -rf "$OUT/breakout-regime-$name"
+    $PY algos/unizero_ppo.py --preset breakout-minatar --num-seeds "$SEEDS" --total-timesteps "$BREAKOUT_STEPS" \
+      --run-root "$OUT/breakout-regime-$name" --exp-name "uzppo-regime-$name" --no-save-model ${row#*|}
+  done
   for row in "shared|--shared-torso" \
     "uzschedule|--shared-torso --num-envs 16 --num-steps 50 --num-minibatches 4 --learning-rate 3e-4 --no-anneal-lr --gamma 0.997 --max-grad-norm 5" \
     "lr3e-4|--learning-rate 3e-4 --no-anneal-lr" "16x50|--num-envs 16 --num-steps 50 --num-minibatches 4"; do
