@@ -75,31 +75,24 @@ if [[ $what == breakout-ablations ]]; then  # issue 29: what the world model add
   done
 fi
 if [[ $what == breakout-context ]]; then  # issue 29: is it the transformer's context, or the schedule?
-  # UniZero-PPO with 1-step windows (each token attends to itself only, so the transformer acts as a
-  # per-step MLP) against the preset's 5 (`breakout` above). Then PPO itself (its CNN, one torso for the
-  # policy and one for the value) with one torso shared as UniZero-PPO's is, with UniZero-PPO's whole
-  # schedule (16 envs x 50 steps per update in 4 minibatches, lr 3e-4 constant, gamma 0.997, clip 5,
-  # shared torso), and with the two halves of that schedule: the step size, and the data per update.
-  rm -rf "$OUT/breakout-window1"
-  $PY algos/unizero_ppo.py --preset breakout-minatar-lr3e-4 --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
-    --run-root "$OUT/breakout-window1" --exp-name uzppo-window1 --no-save-model --num-unroll-steps 1
-  # a larger step alone (docs/unizero_ppo.md stopped this one at 150k): lr 5e-3 annealed, clip 0.5,
-  # the KL stop and temperature 0.25 kept. The whole regime is the `breakout-minatar` preset (`breakout`).
-  rm -rf "$OUT/breakout-lr5e-3"
-  $PY algos/unizero_ppo.py --preset breakout-minatar-lr3e-4 --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
-    --run-root "$OUT/breakout-lr5e-3" --exp-name uzppo-lr5e-3 --no-save-model --learning-rate 5e-3 --anneal-lr \
-    --max-grad-norm 0.5
-  # the `breakout-minatar` preset (PPO's step size) with no world-model losses: PPO alone on the transformer
-  rm -rf "$OUT/breakout-ppo-only"
-  $PY algos/unizero_ppo.py --preset breakout-minatar --num-seeds "$SEEDS" --total-timesteps "$BREAKOUT_STEPS" \
-    --run-root "$OUT/breakout-ppo-only" --exp-name uzppo-ppo-only --no-save-model --latent-coef 0 --reward-coef 0
-  # two parts of PPO's regime undone one at a time on the new preset: sampling temperature 0.25, the KL stop 0.03
-  for row in "temp0.25|--sampling-temperature 0.25" "kl0.03|--target-kl 0.03"; do
-    name=${row%%|*}
-    rm -rf "$OUT/breakout-regime-$name"
-    $PY algos/unizero_ppo.py --preset breakout-minatar --num-seeds "$SEEDS" --total-timesteps "$BREAKOUT_STEPS" \
-      --run-root "$OUT/breakout-regime-$name" --exp-name "uzppo-regime-$name" --no-save-model ${row#*|}
+  # UniZero-PPO rows: name | preset | flags. The earlier preset (`breakout-minatar-lr3e-4`) with 1-step
+  # windows (each token attends to itself only, so the transformer acts as a per-step MLP),
+  # then with a larger step alone (lr 5e-3 annealed, clip 0.5; the KL stop and temperature 0.25 kept;
+  # docs/unizero_ppo.md stopped it at 150k). The `breakout-minatar` preset (PPO's whole regime, run by
+  # `breakout`) with no world-model losses (PPO alone on the transformer), then with two of the regime's
+  # parts undone one at a time: sampling temperature 0.25, and the KL stop 0.03.
+  for row in "window1|breakout-minatar-lr3e-4|--num-unroll-steps 1" \
+    "lr5e-3|breakout-minatar-lr3e-4|--learning-rate 5e-3 --anneal-lr --max-grad-norm 0.5" \
+    "ppo-only|breakout-minatar|--latent-coef 0 --reward-coef 0" \
+    "regime-temp0.25|breakout-minatar|--sampling-temperature 0.25" "regime-kl0.03|breakout-minatar|--target-kl 0.03"; do
+    IFS='|' read -r name preset flags <<< "$row"
+    rm -rf "$OUT/breakout-$name"
+    $PY algos/unizero_ppo.py --preset "$preset" --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
+      --run-root "$OUT/breakout-$name" --exp-name "uzppo-$name" --no-save-model $flags
   done
+  # PPO itself (its CNN, one torso for the policy and one for the value) with one torso shared as
+  # UniZero-PPO's is, with UniZero-PPO's earlier schedule (16 envs x 50 steps per update in 4 minibatches,
+  # lr 3e-4 constant, gamma 0.997, clip 5, shared torso), and with its two halves: step size, data per update.
   for row in "shared|--shared-torso" \
     "uzschedule|--shared-torso --num-envs 16 --num-steps 50 --num-minibatches 4 --learning-rate 3e-4 --no-anneal-lr --gamma 0.997 --max-grad-norm 5" \
     "lr3e-4|--learning-rate 3e-4 --no-anneal-lr" "16x50|--num-envs 16 --num-steps 50 --num-minibatches 4"; do

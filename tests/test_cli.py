@@ -78,3 +78,15 @@ def test_user_errors_freezes_the_heap_and_still_maps_errors(capsys):
         assert gc.get_freeze_count() >= frozen_at_entry + len(made_inside)
     finally:
         gc.unfreeze()  # the rest of the test session collects as usual
+
+
+@pytest.mark.parametrize("algo", sorted(p.stem for p in (ROOT / "configs").glob("*.toml")))
+def test_every_preset_resolves_to_valid_args(algo):
+    """Every table of configs/<algo>.toml (its `extends` chain included) names
+    only fields of that file's Args, with values its validation accepts: a
+    typo in a preset fails here, not when a user runs it."""
+    import importlib
+
+    args_cls = importlib.import_module(f"jaxzoo.algos.{algo}").Args
+    for preset in cli.presets(algo):
+        assert isinstance(cli.preset_args(args_cls, algo, preset), args_cls), preset
