@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|search-cost|parts|vs-lightzero|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|search-cost|parts|vs-lightzero|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves, BREAKOUT_STEPS the
 # Breakout budget (docs: SEEDS=2 BREAKOUT_STEPS=100000). The CartPole runs
@@ -39,6 +39,15 @@ if [[ $what == breakout-search-fix ]]; then
   rm -rf "$OUT/ppo-breakout-minatar-search-fix"
   $PY algos/ppo.py --preset breakout-minatar --total-timesteps "${BREAKOUT_STEPS:-500000}" --num-seeds "$SEEDS" \
     --run-root "$OUT/ppo-breakout-minatar-search-fix" --exp-name ppo-minatar
+fi
+# Issue 29: UniZero-PPO's lesson on Breakout (its step size was what held it back, docs/unizero_ppo.md)
+# tried on UniZero: the preset at LR (default 1e-3, 10x LightZero's 1e-4); not part of `all`.
+# Compare with the preset's own run (`breakout`, same SEEDS and BREAKOUT_STEPS).
+if [[ $what == breakout-lr ]]; then
+  lr=${LR:-1e-3}
+  rm -rf "$OUT/breakout-minatar-lr$lr"
+  one_process_per_seed "$OUT/breakout-minatar-lr$lr" --preset breakout-minatar \
+    --total-timesteps "${BREAKOUT_STEPS:-500000}" --learning-rate "$lr" --exp-name "unizero-minatar-lr$lr"
 fi
 if [[ $what == cartpole-v0 || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0"
