@@ -32,7 +32,7 @@ one_process_per_seed() {  # ROOT, then algos/unizero.py flags
 # floor at LightZero's value_delta_max and its policy-entropy bonus; not part of `all`.
 if [[ $what == breakout-search-fix ]]; then
   rm -rf "$OUT/breakout-minatar-search-fix"
-  one_process_per_seed "$OUT/breakout-minatar-search-fix" --preset breakout-minatar \
+  one_process_per_seed "$OUT/breakout-minatar-search-fix" --preset breakout-minatar-lr1e-4 \
     --total-timesteps "${BREAKOUT_STEPS:-500000}" --q-rescale-min-gap 0.01 --policy-entropy-coef 5e-3 \
     --exp-name unizero-minatar-search-fix
   # PPO on the same machine and budget, the table's reference column.
@@ -41,13 +41,20 @@ if [[ $what == breakout-search-fix ]]; then
     --run-root "$OUT/ppo-breakout-minatar-search-fix" --exp-name ppo-minatar
 fi
 # Issue 29: UniZero-PPO's lesson on Breakout (its step size was what held it back, docs/unizero_ppo.md)
-# tried on UniZero: the preset at LR (default 1e-3, 10x LightZero's 1e-4); not part of `all`.
-# Compare with the preset's own run (`breakout`, same SEEDS and BREAKOUT_STEPS).
+# tried on UniZero: the preset at LR (default 1e-3, the preset's own since this run; it was
+# LightZero's 1e-4, as in `breakout`), then PPO on the same budget and the plot; not part of `all`.
+# docs: SEEDS=2 BREAKOUT_STEPS=100000.
 if [[ $what == breakout-lr ]]; then
   lr=${LR:-1e-3}
-  rm -rf "$OUT/breakout-minatar-lr$lr"
+  steps=${BREAKOUT_STEPS:-500000}
+  rm -rf "$OUT/breakout-minatar-lr$lr" "$OUT/ppo-breakout-minatar-lr"
   one_process_per_seed "$OUT/breakout-minatar-lr$lr" --preset breakout-minatar \
-    --total-timesteps "${BREAKOUT_STEPS:-500000}" --learning-rate "$lr" --exp-name "unizero-minatar-lr$lr"
+    --total-timesteps "$steps" --learning-rate "$lr" --exp-name "unizero-minatar-lr$lr"
+  $PY algos/ppo.py --preset breakout-minatar --total-timesteps "$steps" --num-seeds "$SEEDS" \
+    --run-root "$OUT/ppo-breakout-minatar-lr" --exp-name ppo-minatar
+  $PY -m jaxzoo.plot $OUT/breakout-minatar-lr$lr/*/ $OUT/ppo-breakout-minatar-lr/* \
+    --out docs/img/unizero_lr_vs_ppo_breakout.png --smooth 5 \
+    --title "Breakout-MinAtar, $SEEDS seeds: UniZero (lr $lr) vs PPO"
 fi
 if [[ $what == cartpole-v0 || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0"
@@ -69,7 +76,7 @@ if [[ $what == breakout || $what == all ]]; then
   rm -rf "$OUT/breakout-minatar" "$OUT/ppo-breakout-minatar"
   # BREAKOUT_STEPS (default the preset's 500k) shortens both runs alike.
   steps=${BREAKOUT_STEPS:-500000}
-  one_process_per_seed "$OUT/breakout-minatar" --preset breakout-minatar --total-timesteps "$steps"
+  one_process_per_seed "$OUT/breakout-minatar" --preset breakout-minatar-lr1e-4 --total-timesteps "$steps"
   $PY algos/ppo.py --preset breakout-minatar --total-timesteps "$steps" --num-seeds "$SEEDS" \
     --run-root "$OUT/ppo-breakout-minatar" --exp-name ppo-minatar
   $PY -m jaxzoo.plot $OUT/breakout-minatar/*/ $OUT/ppo-breakout-minatar/* --out docs/img/unizero_vs_ppo_breakout.png \

@@ -15,7 +15,7 @@
 # `uzppo_base` row); the preset is now end to end, so that row is `uzppo_heads_only` here and
 # the other UniZero-PPO rows now test their change on top of the end-to-end preset. Since then
 # the preset took PPO's step-size regime; these rows keep the one they were measured on,
-# `breakout-minatar-lr3e-4`.
+# `breakout-minatar-lr3e-4`; UniZero's took lr 1e-3 later, and its rows keep `breakout-minatar-lr1e-4`.
 # SMOKE=1 swaps every preset for `tiny` and 2,000 steps: a check that the script runs and
 # prints, on any machine (its numbers mean nothing).
 #
@@ -128,7 +128,7 @@ if [[ ${EXTRA:-0} == 1 ]]; then
   )
 fi
 # UniZero-PPO's rows ran on its preset before PPO's step-size regime (configs/unizero_ppo.toml).
-declare -A PRESET=([ppo]=breakout-minatar [unizero_ppo]=breakout-minatar-lr3e-4 [unizero]=breakout-minatar)
+declare -A PRESET=([ppo]=breakout-minatar [unizero_ppo]=breakout-minatar-lr3e-4 [unizero]=breakout-minatar-lr1e-4)
 declare -A DEFAULT_FLAGS=(
   [ppo]="--log-every 2 --eval-every 12"
   [unizero_ppo]="--log-every 10 --eval-every 125"
