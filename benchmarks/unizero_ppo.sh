@@ -82,13 +82,14 @@ if [[ $what == breakout-context ]]; then  # issue 29: is it the transformer's co
   # `breakout`) with no world-model losses (PPO alone on the transformer), then with the regime's
   # parts undone one at a time: sampling temperature 0.25, the KL stop 0.03, gradient clip 5, a constant lr.
   # ONLY="name ..." runs just those rows (of both loops).
+  wanted() { [[ -z ${ONLY:-} || " $ONLY " == *" $1 "* ]]; }
   for row in "window1|breakout-minatar-lr3e-4|--num-unroll-steps 1" \
     "lr5e-3|breakout-minatar-lr3e-4|--learning-rate 5e-3 --anneal-lr --max-grad-norm 0.5" \
     "ppo-only|breakout-minatar|--latent-coef 0 --reward-coef 0" \
     "regime-temp0.25|breakout-minatar|--sampling-temperature 0.25" "regime-kl0.03|breakout-minatar|--target-kl 0.03" \
     "regime-gradclip5|breakout-minatar|--max-grad-norm 5" "regime-no-anneal|breakout-minatar|--no-anneal-lr"; do
     IFS='|' read -r name preset flags <<< "$row"
-    [[ -n ${ONLY:-} && " $ONLY " != *" $name "* ]] && continue
+    wanted "$name" || continue
     rm -rf "$OUT/breakout-$name"
     $PY algos/unizero_ppo.py --preset "$preset" --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
       --run-root "$OUT/breakout-$name" --exp-name "uzppo-$name" --no-save-model $flags
@@ -100,7 +101,7 @@ if [[ $what == breakout-context ]]; then  # issue 29: is it the transformer's co
     "uzschedule|--shared-torso --num-envs 16 --num-steps 50 --num-minibatches 4 --learning-rate 3e-4 --no-anneal-lr --gamma 0.997 --max-grad-norm 5" \
     "lr3e-4|--learning-rate 3e-4 --no-anneal-lr" "16x50|--num-envs 16 --num-steps 50 --num-minibatches 4"; do
     name=${row%%|*}
-    [[ -n ${ONLY:-} && " $ONLY " != *" $name "* ]] && continue
+    wanted "$name" || continue
     rm -rf "$OUT/ppo-breakout-$name"
     $PY algos/ppo.py --preset breakout-minatar --total-timesteps "$BREAKOUT_STEPS" --num-seeds "$SEEDS" \
       --run-root "$OUT/ppo-breakout-$name" --exp-name "ppo-minatar-$name" --no-save-model ${row#*|}
