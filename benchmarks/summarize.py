@@ -17,6 +17,13 @@ training-loop seconds at which each seed's evaluation first reached 195.
 
 prints, per run, the mean of a logged metric over consecutive windows of
 that many env steps (docs/ppo.md's Breakout table: the whole-game score).
+
+    python benchmarks/summarize.py --episode-windows 20000 benchmarks/out/unizero/breakout-minatar-lr1e-3/*/
+
+prints, per seed, the mean return of the training episodes that ended in each
+window of env steps (each logged row weighted by its `episodes_finished`),
+then the mean over seeds: docs/unizero.md's and docs/unizero_ppo.md's
+Breakout-MinAtar tables.
 """
 
 from __future__ import annotations
@@ -97,6 +104,42 @@ def main_windows(run_dirs: list[str], window: int, metric: str) -> None:
         print(f"| {metric} | " + " | ".join(f"{m:.1f}" for m in means) + " |")
 
 
+def episode_window_means(run_dir: Path, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per seed, the mean return of the training episodes that ended in each
+    window (w * window, (w + 1) * window] of env steps: each row's
+    `episode_return` (a mean over the episodes that ended during its update)
+    weighted by its `episodes_finished` -> (window ends [W], seeds [S],
+    means [S, W]; NaN where no episode of that seed ended in the window)."""
+    rows = logger.read_metrics(run_dir)
+    steps, seeds = rows["global_step"], rows["seed"]
+    finished = np.nan_to_num(rows["episodes_finished"])
+    returns = np.where(finished > 0, rows["episode_return"], 0.0)
+    ends = np.arange(window, steps.max() + window, window)
+    seed_ids = np.unique(seeds)
+    means = np.full((len(seed_ids), len(ends)), np.nan)
+    for i, seed in enumerate(seed_ids):
+        for w, end in enumerate(ends):
+            inside = (seeds == seed) & (steps > end - window) & (steps <= end)
+            if finished[inside].sum() > 0:
+                means[i, w] = (returns[inside] * finished[inside]).sum() / finished[inside].sum()
+    return ends, seed_ids, means
+
+
+def main_episode_windows(run_dirs: list[str], window: int) -> None:
+    per_seed = []
+    for run_dir in run_dirs:
+        ends, seed_ids, means = episode_window_means(Path(run_dir), window)
+        per_seed += [(f"{Path(run_dir).name}, seed {int(seed)}", ends, row) for seed, row in zip(seed_ids, means)]
+    longest = max(per_seed, key=lambda r: len(r[1]))[1]
+    print("| run, seed | " + " | ".join(f"{int(end) - window:,}-{int(end):,}" for end in longest) + " |")
+    print("| --- |" + " --- |" * len(longest))
+    table = np.full((len(per_seed), len(longest)), np.nan)
+    for i, (name, _, row) in enumerate(per_seed):
+        table[i, : len(row)] = row
+        print(f"| {name} | " + " | ".join(f"{m:.2f}" for m in table[i]) + " |")
+    print("| mean over seeds | " + " | ".join(f"{m:.2f}" for m in table.mean(axis=0)) + " |")
+
+
 def main(run_dirs: list[str]) -> None:
     print("| env | run | seeds | env steps / seed | final training return | greedy eval | worst seed | compile (s) | training loop (s) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -111,6 +154,8 @@ def main(run_dirs: list[str]) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--reach":
         main_reach(sys.argv[3:], float(sys.argv[2]))
+    elif len(sys.argv) > 2 and sys.argv[1] == "--episode-windows":
+        main_episode_windows(sys.argv[3:], int(sys.argv[2]))
     elif len(sys.argv) > 3 and sys.argv[1] == "--windows":
         main_windows(sys.argv[4:], int(sys.argv[2]), sys.argv[3])
     else:

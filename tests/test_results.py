@@ -171,3 +171,29 @@ def test_summarize_window_means_pool_each_window_of_env_steps(ppo_run):
         np.testing.assert_allclose(mean, np.nanmean(inside) if inside.size else np.nan)
     with pytest.raises(ValueError, match="no 'game_score' column"):
         summarize.window_means(result.run_dir, "game_score", window)
+
+
+def test_summarize_episode_windows_weight_each_update_by_its_finished_episodes(ppo_run):
+    """benchmarks/summarize.py --episode-windows (docs/unizero.md's Breakout
+    tables): per seed, the mean return of the episodes that ended in a window is
+    the rows' episode_return weighted by episodes_finished, against the sum
+    worked out row by row from metrics.csv."""
+    spec = importlib.util.spec_from_file_location("benchmarks_summarize", ROOT / "benchmarks" / "summarize.py")
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    _, result = ppo_run
+    rows = logger.read_metrics(result.run_dir)
+    window = int(np.ptp(rows["global_step"]) // 3) or 1
+    ends, seeds, means = summarize.episode_window_means(result.run_dir, window)
+    assert list(seeds) == [5, 6] and means.shape == (2, len(ends))
+    for i, seed in enumerate(seeds):
+        for w, end in enumerate(ends):
+            total, episodes = 0.0, 0.0
+            for step, row_seed, ret, n in zip(
+                rows["global_step"], rows["seed"], rows["episode_return"], rows["episodes_finished"]
+            ):
+                if row_seed == seed and end - window < step <= end and n > 0:
+                    total, episodes = total + ret * n, episodes + n
+            expected = total / episodes if episodes else np.nan
+            np.testing.assert_allclose(means[i, w], expected, rtol=1e-6)
+    assert np.isfinite(means).any()
