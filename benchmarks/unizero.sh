@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|search-cost|parts|vs-lightzero|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves, BREAKOUT_STEPS the
 # Breakout budget (docs: SEEDS=2 BREAKOUT_STEPS=100000). The CartPole runs
@@ -89,6 +89,16 @@ if [[ $what == vs-lightzero || $what == all ]]; then
   rm -rf "$OUT/vs-lightzero"
   one_process_per_seed "$OUT/vs-lightzero" --preset cartpole-v0 --eval-every 5 --no-compile-cache
   $PY benchmarks/unizero_vs_lightzero.py $OUT/vs-lightzero/*/ --out docs/img/unizero_vs_lightzero_cartpole_v0.png
+fi
+if [[ $what == vs-lightzero-lr ]]; then
+  # The vs-lightzero runs at LR (default 1e-3, ten times LightZero's: the breakout-minatar
+  # preset's step), 10k env steps each; not part of `all`.
+  lr=${LR:-1e-3}
+  rm -rf "$OUT/vs-lightzero-lr$lr"
+  one_process_per_seed "$OUT/vs-lightzero-lr$lr" --preset cartpole-v0 --eval-every 5 --no-compile-cache \
+    --total-timesteps 10000 --learning-rate "$lr" --exp-name "unizero-v0-lr$lr"
+  $PY benchmarks/unizero_vs_lightzero.py $OUT/vs-lightzero-lr$lr/*/ \
+    --out docs/img/unizero_lr_vs_lightzero_cartpole_v0.png
 fi
 if [[ $what == puct || $what == all ]]; then
   # PUCT with LightZero's 25 simulations, evaluated as the vs-lightzero runs (Gumbel, 16) are:
