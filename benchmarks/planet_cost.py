@@ -25,8 +25,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jaxzoo.algos import planet  # noqa: E402
 from jaxzoo import buffers, cli  # noqa: E402
+from jaxzoo.algos import planet  # noqa: E402
 
 
 def median_seconds(fn, repeats: int) -> float:

@@ -31,8 +31,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from jaxzoo.algos import planet  # noqa: E402
 from jaxzoo import checkpoint, cli, logger, runner  # noqa: E402
+from jaxzoo.algos import planet  # noqa: E402
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 

@@ -41,8 +41,8 @@ def time_compiled(train, keys, repeats: int) -> tuple[float, float, float]:
 def purejaxrl_train(harness: Path, steps: int, seeds: int):
     """PureJaxRL dqn.py's make_train with the settings of the `dqn` preset."""
     sys.path[:0] = [str(harness / "site"), str(harness)]
-    import run_dqn_lib  # noqa: F401, PLC0415 (the harness: patches gymnax's LogWrapper, stubs wandb)
     import dqn  # noqa: PLC0415 (PureJaxRL's file, unchanged)
+    import run_dqn_lib  # noqa: F401, PLC0415 (the harness: patches gymnax's LogWrapper, stubs wandb)
 
     config = {
         "NUM_ENVS": 10, "BUFFER_SIZE": 10_000, "BUFFER_BATCH_SIZE": 128, "TOTAL_TIMESTEPS": float(steps),

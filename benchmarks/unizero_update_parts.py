@@ -19,8 +19,8 @@ import time
 import jax
 import numpy as np
 
-from jaxzoo.algos import unizero as uz
 from jaxzoo import cli, runner
+from jaxzoo.algos import unizero as uz
 
 
 def time_part(fn, state, repeats: int):

@@ -32,8 +32,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxzoo.algos import world_models as wm  # noqa: E402
 from jaxzoo import logger  # noqa: E402
+from jaxzoo.algos import world_models as wm  # noqa: E402
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 CARRACING_DATA = IMG.parent / "data" / "world_models_carracing"

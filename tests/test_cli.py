@@ -1,16 +1,16 @@
 """common/cli.py: presets, errors for unknown presets and keys, --help."""
 
 import dataclasses
+import re
 import subprocess
 import sys
-import re
 import tomllib
 
 import pytest
-
-from jaxzoo.algos.ppo import Args
-from jaxzoo import cli
 from conftest import ROOT
+
+from jaxzoo import cli
+from jaxzoo.algos.ppo import Args
 
 
 def test_preset_sets_defaults_and_flags_override():

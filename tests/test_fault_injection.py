@@ -14,9 +14,9 @@ import warnings
 import jax
 import numpy as np
 import pytest
-
-from jaxzoo import checkpoint, cli, logger, runner
 from conftest import ROOT
+
+from jaxzoo import cli, logger, runner
 
 ALGOS = ["impala", "mpo", "planet", "ppo", "rainbow", "unizero", "unizero_ppo", "world_models"]
 # The learning rates that make each tiny preset blow up when set to 1e30 (at

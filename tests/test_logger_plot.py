@@ -4,8 +4,8 @@
 import numpy as np
 import pytest
 
-from jaxzoo.algos.ppo import Args
 from jaxzoo import logger, plot
+from jaxzoo.algos.ppo import Args
 
 
 def chunk(updates, seeds=2, value=1.0):

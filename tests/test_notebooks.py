@@ -3,9 +3,8 @@
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
-
 from conftest import ROOT
+from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 

@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
 from flax import nnx
 
-from jaxzoo.algos import planet
 from jaxzoo import cli, dmc, logger
-from conftest import assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
+from jaxzoo.algos import planet
 
 
 def tiny(tmp_path, **overrides) -> planet.Args:

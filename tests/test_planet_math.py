@@ -8,9 +8,22 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxzoo.algos.planet import (Args, Latent, RSSM, StridedConv, StridedConvTranspose, WorldModel, cem_plan,
-                          kl_with_free_nats, open_loop_prediction, overshooting_kl, preprocess_obs, rssm_imagine,
-                          rssm_observe, rssm_observe_step)
+from jaxzoo.algos.planet import (
+    RSSM,
+    Args,
+    Latent,
+    StridedConv,
+    StridedConvTranspose,
+    WorldModel,
+    cem_plan,
+    kl_with_free_nats,
+    open_loop_prediction,
+    overshooting_kl,
+    preprocess_obs,
+    rssm_imagine,
+    rssm_observe,
+    rssm_observe_step,
+)
 
 SMALL = dataclasses.replace(Args(), belief_size=6, state_size=3, hidden_size=5, embedding_size=4)
 

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import Killed
 
 from jaxzoo import logger, runner
-from conftest import Killed
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import Killed, run_copied_script
 from flax import nnx
 
-from jaxzoo.algos import world_models as wm
 from jaxzoo import checkpoint, cli, logger, runner
-from conftest import Killed, run_copied_script
+from jaxzoo.algos import world_models as wm
 
 
 def tiny(tmp_path, **overrides) -> wm.Args:

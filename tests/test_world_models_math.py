@@ -13,8 +13,8 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxzoo.algos import world_models as wm
 from jaxzoo import cli, runner
+from jaxzoo.algos import world_models as wm
 
 
 def test_mdn_log_prob_matches_the_mixture_density_in_1d():
