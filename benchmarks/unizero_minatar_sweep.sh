@@ -119,6 +119,66 @@ if [[ ${SET:-} == schedule ]]; then
     "uzppo_clip0.5|unizero_ppo|--max-grad-norm 0.5 --num-seeds 4"
   )
 fi
+# The regime sets ran on 2026-11-27 on one H200 (docs/data/unizero_ppo_minatar_regime/; per-seed
+# tables by benchmarks/sweep_seeds.py) in the order regime, regime-confirm, regime-latent,
+# regime-100k, regime-ablate, each chosen from the one before; their UniZero-PPO rows run on the
+# preset of then, `breakout-minatar-gamma0.997` (the preset took gamma 0.99 and latent weight 1 after).
+# SET=regime: UniZero-PPO at 500k on its preset of then (PPO's step-size
+# regime, docs/unizero_ppo.md), which tied PPO at 500k on the CPU: the preset and PPO with 8
+# vmapped seeds each (the pair's spread), and one change each, 4 seeds, aimed at the rest of the
+# gap: PPO's learning rate, more gradient steps per phase (epochs, minibatches), PPO's gamma,
+# width 128, the latent loss's weight, 10-step windows, a smaller entropy bonus.
+if [[ ${SET:-} == regime ]]; then
+  CONFIGS=(
+    "ppo_500k|ppo|--num-seeds 8"
+    "uzppo_regime|unizero_ppo|--num-seeds 8"
+    "uzppo_lr5e-3|unizero_ppo|--learning-rate 5e-3 --num-seeds 4"
+    "uzppo_epochs8|unizero_ppo|--update-epochs 8 --num-seeds 4"
+    "uzppo_minibatches8|unizero_ppo|--num-minibatches 8 --num-seeds 4"
+    "uzppo_gamma0.99|unizero_ppo|--gamma 0.99 --num-seeds 4"
+    "uzppo_embed128|unizero_ppo|--embed-dim 128 --num-seeds 4"
+    "uzppo_latent1|unizero_ppo|--latent-coef 1 --num-seeds 4"
+    "uzppo_unroll10|unizero_ppo|--num-unroll-steps 10 --num-seeds 4"
+    "uzppo_ent5e-3|unizero_ppo|--ent-coef 5e-3 --num-seeds 4"
+  )
+fi
+# SET=regime-confirm: the one change of SET=regime that moved the return (gamma 0.99, PPO's),
+# on 12 more seeds (4-15), beside the preset and PPO on seeds 8-15, and gamma 0.99 with the
+# two next-best changes (latent weight 1, entropy bonus 5e-3), 4 seeds each.
+if [[ ${SET:-} == regime-confirm ]]; then
+  CONFIGS=(
+    "ppo_500k_s8|ppo|--seed 8 --num-seeds 8"
+    "uzppo_regime_s8|unizero_ppo|--seed 8 --num-seeds 8"
+    "uzppo_gamma0.99_s4|unizero_ppo|--gamma 0.99 --seed 4 --num-seeds 4"
+    "uzppo_gamma0.99_s8|unizero_ppo|--gamma 0.99 --seed 8 --num-seeds 8"
+    "uzppo_gamma0.99_latent1|unizero_ppo|--gamma 0.99 --latent-coef 1 --num-seeds 4"
+    "uzppo_gamma0.99_ent5e-3|unizero_ppo|--gamma 0.99 --ent-coef 5e-3 --num-seeds 4"
+  )
+fi
+# SET=regime-latent: gamma 0.99 with latent weight 1, the best pair of SET=regime-confirm, on
+# seeds 4-15 (its seeds 0-3 ran there), and latent weight 1 alone on seeds 4-15.
+if [[ ${SET:-} == regime-latent ]]; then
+  CONFIGS=(
+    "uzppo_gamma0.99_latent1_s4|unizero_ppo|--gamma 0.99 --latent-coef 1 --seed 4 --num-seeds 12"
+    "uzppo_latent1_s4|unizero_ppo|--latent-coef 1 --seed 4 --num-seeds 12"
+  )
+fi
+# SET=regime-100k: the same pair and PPO with budgets of 100k (each learning rate annealed over
+# its 100k), 16 seeds each: issue 29's 100k target on the new settings.
+if [[ ${SET:-} == regime-100k ]]; then
+  CONFIGS=(
+    "ppo_100k_16|ppo|--total-timesteps 100000 --num-seeds 16"
+    "uzppo_gamma0.99_latent1_100k_16|unizero_ppo|--gamma 0.99 --latent-coef 1 --total-timesteps 100000 --num-seeds 16"
+  )
+fi
+# SET=regime-ablate: the preset of then at 100k (16 seeds), and the pair without the world
+# model's losses (latent and reward weights 0, PPO alone on the same transformer) at 500k, 16 seeds.
+if [[ ${SET:-} == regime-ablate ]]; then
+  CONFIGS=(
+    "uzppo_regime_100k_16|unizero_ppo|--total-timesteps 100000 --num-seeds 16"
+    "uzppo_gamma0.99_nowm_16|unizero_ppo|--gamma 0.99 --latent-coef 0 --reward-coef 0 --num-seeds 16"
+  )
+fi
 if [[ ${EXTRA:-0} == 1 ]]; then
   CONFIGS+=(
     "uzppo_embed128|unizero_ppo|--embed-dim 128"
@@ -129,6 +189,7 @@ if [[ ${EXTRA:-0} == 1 ]]; then
 fi
 # UniZero-PPO's rows ran on its preset before PPO's step-size regime (configs/unizero_ppo.toml).
 declare -A PRESET=([ppo]=breakout-minatar [unizero_ppo]=breakout-minatar-lr3e-4 [unizero]=breakout-minatar-lr1e-4)
+[[ ${SET:-} == regime* ]] && PRESET[unizero_ppo]=breakout-minatar-gamma0.997
 declare -A DEFAULT_FLAGS=(
   [ppo]="--log-every 2 --eval-every 12"
   [unizero_ppo]="--log-every 10 --eval-every 125"

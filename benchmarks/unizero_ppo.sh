@@ -78,16 +78,16 @@ if [[ $what == breakout-context ]]; then  # issue 29: is it the transformer's co
   # UniZero-PPO rows: name | preset | flags. The earlier preset (`breakout-minatar-lr3e-4`) with 1-step
   # windows (each token attends to itself only, so the transformer acts as a per-step MLP),
   # then with a larger step alone (lr 5e-3 annealed, clip 0.5; the KL stop and temperature 0.25 kept;
-  # docs/unizero_ppo.md stopped it at 150k). The `breakout-minatar` preset (PPO's whole regime, run by
+  # docs/unizero_ppo.md stopped it at 150k). The `breakout-minatar-gamma0.997` preset (PPO's whole regime, run by
   # `breakout`) with no world-model losses (PPO alone on the transformer), then with the regime's
   # parts undone one at a time: sampling temperature 0.25, the KL stop 0.03, gradient clip 5, a constant lr.
   # ONLY="name ..." runs just those rows (of both loops).
   wanted() { [[ -z ${ONLY:-} || " $ONLY " == *" $1 "* ]]; }
   for row in "window1|breakout-minatar-lr3e-4|--num-unroll-steps 1" \
     "lr5e-3|breakout-minatar-lr3e-4|--learning-rate 5e-3 --anneal-lr --max-grad-norm 0.5" \
-    "ppo-only|breakout-minatar|--latent-coef 0 --reward-coef 0" \
-    "regime-temp0.25|breakout-minatar|--sampling-temperature 0.25" "regime-kl0.03|breakout-minatar|--target-kl 0.03" \
-    "regime-gradclip5|breakout-minatar|--max-grad-norm 5" "regime-no-anneal|breakout-minatar|--no-anneal-lr"; do
+    "ppo-only|breakout-minatar-gamma0.997|--latent-coef 0 --reward-coef 0" \
+    "regime-temp0.25|breakout-minatar-gamma0.997|--sampling-temperature 0.25" "regime-kl0.03|breakout-minatar-gamma0.997|--target-kl 0.03" \
+    "regime-gradclip5|breakout-minatar-gamma0.997|--max-grad-norm 5" "regime-no-anneal|breakout-minatar-gamma0.997|--no-anneal-lr"; do
     IFS='|' read -r name preset flags <<< "$row"
     wanted "$name" || continue
     rm -rf "$OUT/breakout-$name"

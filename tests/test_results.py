@@ -197,3 +197,45 @@ def test_summarize_episode_windows_weight_each_update_by_its_finished_episodes(p
             expected = total / episodes if episodes else np.nan
             np.testing.assert_allclose(means[i, w], expected, rtol=1e-6)
     assert np.isfinite(means).any()
+
+
+def test_sweep_seeds_pools_runs_weights_episodes_and_reads_greedy(tmp_path):
+    """benchmarks/sweep_seeds.py (docs/unizero_ppo.md's 16-seed Breakout tables):
+    two calls' runs of one configuration pool their seeds; each window's mean is
+    the rows' episode_return weighted by episodes_finished; the greedy returns
+    come from the `per seed:` list under each run's `== name` header."""
+    import gzip
+
+    spec = importlib.util.spec_from_file_location("benchmarks_sweep_seeds", ROOT / "benchmarks" / "sweep_seeds.py")
+    sweep_seeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep_seeds)
+    header = "run,update,global_step,seed_index,seed,episode_return,episodes_finished\n"
+    # Run "a" (seeds 0 and 1) to 240k; seed 1 has a row with no finished episode (NaN return).
+    first = (
+        header
+        + "".join(
+            f"a,{u},{step},{seed},{seed},{ret},{n}\n"
+            for u, (step, ret, n) in enumerate(
+                [(90_000, 2.0, 1), (100_000, 5.0, 3), (110_000, 50.0, 9), (230_000, 7.0, 2), (240_000, 9.0, 6)]
+            )
+            for seed in (0, 1)
+        )
+        + "a,5,235000,1,1,nan,0\n"
+    )
+    with gzip.open(tmp_path / "one_all_metrics.csv.gz", "wt") as f:
+        f.write(first)
+    (tmp_path / "one_logs_tail.txt").write_text(
+        "== a (exit 0)\ngreedy evaluation, 10 episodes x 2 seed(s): 3.00 +- 1.41 (per seed: 2.0, 4.0); training loop 1.0s\n"
+    )
+    (tmp_path / "two_all_metrics.csv").write_text(header + "a_s2,0,90000,0,2,1.0,4\na_s2,1,240000,0,2,3.0,1\n")
+    (tmp_path / "two_logs_tail.txt").write_text("== a_s2 (exit 0)\nx (per seed: 6.5); y\n")
+    rows, greedy = sweep_seeds.read_runs(tmp_path)
+    assert greedy == {"a": [2.0, 4.0], "a_s2": [6.5]}
+    table = sweep_seeds.group_table(rows, greedy, ["a", "a_s2"])
+    assert list(table) == [0, 1, 2]
+    # (80k, 100k]: (2 * 1 + 5 * 3) / 4; the last 20k, (220k, 240k]: (7 * 2 + 9 * 6) / 8.
+    np.testing.assert_allclose(table[0], ((2 * 1 + 5 * 3) / 4, (7 * 2 + 9 * 6) / 8, 2.0))
+    np.testing.assert_allclose(table[1], ((2 * 1 + 5 * 3) / 4, (7 * 2 + 9 * 6) / 8, 4.0))
+    np.testing.assert_allclose(table[2], (1.0, 3.0, 6.5))
+    with pytest.raises(SystemExit, match="no run 'b'.*runs found: a, a_s2"):
+        sweep_seeds.group_table(rows, greedy, ["b"])
