@@ -92,12 +92,15 @@ if [[ $what == vs-lightzero || $what == all ]]; then
 fi
 if [[ $what == vs-lightzero-lr ]]; then
   # The vs-lightzero runs at LR (default 1e-3, ten times LightZero's: the breakout-minatar
-  # preset's step), 10k env steps each; not part of `all`.
+  # preset's step), 10k env steps each; not part of `all`. FLAGS adds flags (issue 27: fewer
+  # or smaller gradient steps, e.g. FLAGS="--replay-ratio 0.125"), TAG names those runs.
   lr=${LR:-1e-3}
-  rm -rf "$OUT/vs-lightzero-lr$lr"
-  one_process_per_seed "$OUT/vs-lightzero-lr$lr" --preset cartpole-v0 --eval-every 5 --no-compile-cache \
-    --total-timesteps 10000 --learning-rate "$lr" --exp-name "unizero-v0-lr$lr"
-  $PY benchmarks/unizero_vs_lightzero.py $OUT/vs-lightzero-lr$lr/*/ \
+  name=vs-lightzero-lr$lr${TAG:+-$TAG}
+  rm -rf "$OUT/$name"
+  # shellcheck disable=SC2086  # FLAGS is a list of flags
+  one_process_per_seed "$OUT/$name" --preset cartpole-v0 --eval-every 5 --no-compile-cache \
+    --total-timesteps 10000 --learning-rate "$lr" --exp-name "unizero-v0-lr$lr${TAG:+-$TAG}" ${FLAGS:-}
+  [[ -n ${TAG:-} ]] || $PY benchmarks/unizero_vs_lightzero.py $OUT/$name/*/ \
     --out docs/img/unizero_lr_vs_lightzero_cartpole_v0.png
 fi
 if [[ $what == puct || $what == all ]]; then
