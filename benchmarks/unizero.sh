@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves, BREAKOUT_STEPS the
 # Breakout budget (docs: SEEDS=2 BREAKOUT_STEPS=100000). The CartPole runs
@@ -55,6 +55,17 @@ if [[ $what == breakout-lr ]]; then
   $PY -m jaxzoo.plot $OUT/breakout-minatar-lr$lr/*/ $OUT/ppo-breakout-minatar-lr/* \
     --out docs/img/unizero_lr_vs_ppo_breakout.png --smooth 5 \
     --title "Breakout-MinAtar, $SEEDS seeds: UniZero (lr $lr) vs PPO"
+fi
+# Issue 27's lead tried on Breakout (docs/unizero.md): the preset at half the replay ratio, 100k
+# steps, seeds 2-3 (SEEDS_FROM, default 2), against breakout-lr's seeds 2-3; not part of `all`.
+if [[ $what == breakout-rr ]]; then
+  rm -rf "$OUT/breakout-rr0.125"
+  mkdir -p "$OUT/breakout-rr0.125"
+  for ((seed = ${SEEDS_FROM:-2}; seed < ${SEEDS_FROM:-2} + SEEDS; seed++)); do
+    /usr/bin/time -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$OUT/breakout-rr0.125/seed$seed.time" \
+      $PY algos/unizero.py --preset breakout-minatar --seed "$seed" --total-timesteps 100000 --replay-ratio 0.125 \
+      --run-root "$OUT/breakout-rr0.125" --exp-name unizero-minatar-rr0.125
+  done
 fi
 if [[ $what == cartpole-v0 || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0"
