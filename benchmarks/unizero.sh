@@ -2,7 +2,8 @@
 # Every UniZero number and curve in docs/unizero.md comes from this script.
 #   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
-# SEEDS (default 4) sets the seed count of the learning curves, BREAKOUT_STEPS the
+# SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
+# onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
 # Breakout budget (docs: SEEDS=2 BREAKOUT_STEPS=100000). The CartPole runs
 # evaluate greedily during training (--eval-every): env steps and training-loop
 # seconds to an evaluation return of 195 / 475 by
@@ -21,7 +22,7 @@ one_process_per_seed() {  # ROOT, then algos/unizero.py flags
   local root=$1 seed
   shift
   mkdir -p "$root"
-  for ((seed = 0; seed < SEEDS; seed++)); do
+  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
     /usr/bin/time -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$root/seed$seed.time" \
       $PY algos/unizero.py --seed "$seed" --run-root "$root" "$@"
     cat "$root/seed$seed.time"
@@ -60,12 +61,8 @@ fi
 # steps, seeds 2-3 (SEEDS_FROM, default 2), against breakout-lr's seeds 2-3; not part of `all`.
 if [[ $what == breakout-rr ]]; then
   rm -rf "$OUT/breakout-rr0.125"
-  mkdir -p "$OUT/breakout-rr0.125"
-  for ((seed = ${SEEDS_FROM:-2}; seed < ${SEEDS_FROM:-2} + SEEDS; seed++)); do
-    /usr/bin/time -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$OUT/breakout-rr0.125/seed$seed.time" \
-      $PY algos/unizero.py --preset breakout-minatar --seed "$seed" --total-timesteps 100000 --replay-ratio 0.125 \
-      --run-root "$OUT/breakout-rr0.125" --exp-name unizero-minatar-rr0.125
-  done
+  SEEDS_FROM=${SEEDS_FROM:-2} one_process_per_seed "$OUT/breakout-rr0.125" --preset breakout-minatar \
+    --total-timesteps 100000 --replay-ratio 0.125 --exp-name unizero-minatar-rr0.125
 fi
 if [[ $what == cartpole-v0 || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0"
