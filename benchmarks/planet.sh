@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every PlaNet number and figure in docs/planet.md comes from this script.
-#   bash benchmarks/planet.sh [cpu|cpu-resume|plots|video|cost|vs-kaixhin|paper-smoke|dmc|dmc-resume|all]
+#   bash benchmarks/planet.sh [cpu|cpu-collect|cpu-resume|plots|video|cost|vs-kaixhin|paper-smoke|dmc|dmc-resume|all]
 # cpu: the `cpu` preset on pixel Pendulum-v1 over $SEEDS seeds (vmapped in one
 # process), evaluated (planner, no noise) every 8 episodes; learning curves.
 # video: open-loop predictions against the real frames from the cpu run's final
@@ -28,6 +28,14 @@ what=${1:-all}
 if [[ $what == cpu || $what == all ]]; then
   rm -rf "$OUT/cpu"
   $PY algos/planet.py --preset cpu --num-seeds "$SEEDS" --run-root "$OUT/cpu" --eval-every 8 --checkpoint-every 4
+fi
+# cpu-collect: the cpu preset with COLLECT (default 50) model updates per episode instead of 100, the
+# same seeds and evaluations (issue 27: the same return for less compute?); not part of `all`.
+if [[ $what == cpu-collect ]]; then
+  collect=${COLLECT:-50}
+  rm -rf "$OUT/cpu-collect$collect"
+  $PY algos/planet.py --preset cpu --num-seeds "$SEEDS" --run-root "$OUT/cpu-collect$collect" --eval-every 8 \
+    --checkpoint-every 4 --collect-interval "$collect" --exp-name "planet-cpu-collect$collect"
 fi
 if [[ $what == cpu-resume ]]; then  # continue a killed cpu run from its last checkpoint (every 4 episodes)
   $PY algos/planet.py --resume "$(ls -d $OUT/cpu/*/ | head -1)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -63,6 +63,30 @@ if [[ $what == breakout-rr ]]; then
   rm -rf "$OUT/breakout-rr0.125"
   SEEDS_FROM=${SEEDS_FROM:-2} one_process_per_seed "$OUT/breakout-rr0.125" --preset breakout-minatar \
     --total-timesteps 100000 --replay-ratio 0.125 --exp-name unizero-minatar-rr0.125
+fi
+# Issue 29's 500k half (docs/unizero.md): the preset at half the replay ratio, 500k steps, seeds
+# SEEDS_FROM.. (about 1.6 h per seed alone on a 2-core CPU). Resumable across sessions: rerunning
+# the mode skips finished seeds, resumes a stopped one from its last checkpoint (stop one with
+# SIGTERM: it checkpoints at the next chunk boundary) and starts missing ones; not part of `all`.
+if [[ $what == breakout-500k ]]; then
+  root=$OUT/breakout-rr0.125-500k
+  mkdir -p "$root"
+  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
+    run_dir=$(ls -d "$root"/Breakout-MinAtar__unizero-minatar-rr0.125__"$seed"__* 2>/dev/null | head -1 || true)
+    if [[ -n $run_dir && -f $run_dir/summary.json ]]; then
+      echo "seed $seed: finished ($run_dir)"
+      continue
+    elif [[ -n $run_dir ]]; then
+      flags=(--resume "$run_dir")
+    else
+      flags=(--seed "$seed" --run-root "$root" --preset breakout-minatar --total-timesteps 500000
+        --replay-ratio 0.125 --exp-name unizero-minatar-rr0.125)
+    fi
+    # -a: one line per process (segment) of the seed
+    /usr/bin/time -a -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$root/seed$seed.time" \
+      $PY algos/unizero.py "${flags[@]}"
+    cat "$root/seed$seed.time"
+  done
 fi
 if [[ $what == cartpole-v0 || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0"
