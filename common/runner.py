@@ -773,10 +773,12 @@ class _ChunkLoop:
 
 def _exit_stopped(args, run_log, signum: int, updates_done: int, last_checkpoint: int, num_updates: int):
     """After a SIGINT / SIGTERM: say where the run stopped and how to resume it, exit 128 + signum."""
-    saved = f"checkpoint at update {last_checkpoint} written" if args.save_model else "no checkpoint (--no-save-model)"
+    if args.save_model:
+        how_to_go_on = f"checkpoint at update {last_checkpoint} written. Resume with:\n  {resume_command(run_log.dir)}"
+    else:  # --resume needs a checkpoint: say so rather than print a command that would fail
+        how_to_go_on = "no checkpoint (--no-save-model), so nothing to resume: a new run starts from update 0"
     run_log.print(
-        f"stopped by {signal.Signals(signum).name} after update {updates_done} of {num_updates}; "
-        f"{saved}. Resume with:\n  {resume_command(run_log.dir)}"
+        f"stopped by {signal.Signals(signum).name} after update {updates_done} of {num_updates}; {how_to_go_on}"
     )
     raise SystemExit(128 + signum)
 

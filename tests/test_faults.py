@@ -265,6 +265,27 @@ def test_a_signal_checkpoints_at_the_next_chunk_boundary_and_exits(tmp_path, mon
     assert signal.getsignal(signum) is not None  # the previous handler is back
 
 
+def test_a_signal_without_checkpoints_offers_no_resume_command(tmp_path, monkeypatch, capsys):
+    """--no-save-model writes no checkpoint, so the stop message must not
+    print a --resume command that would fail."""
+    args = ToyArgs(run_root=str(tmp_path), save_model=False)
+    original_log = logger.Run.log
+
+    def log_then_signal(self, update, global_step, metrics):
+        original_log(self, update, global_step, metrics)
+        if update[-1] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(logger.Run, "log", log_then_signal)
+    with pytest.raises(SystemExit) as stopped:
+        run_toy(args, num_updates=20)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    (run_dir,) = tmp_path.iterdir()
+    out = capsys.readouterr().out
+    assert "no checkpoint (--no-save-model), so nothing to resume" in out and "--resume" not in out
+    assert checkpoint.latest_update(run_dir) is None
+
+
 def test_slow_chunks_are_shortened_so_a_signal_is_answered_quickly(tmp_path, monkeypatch):
     """With updates that take 0.3 s, a chunk of 4 would take 1.2 s: after a
     first chunk of one update is timed, chunks hold at most CHUNK_SECONDS of
