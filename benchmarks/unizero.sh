@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -64,29 +64,40 @@ if [[ $what == breakout-rr ]]; then
   SEEDS_FROM=${SEEDS_FROM:-2} one_process_per_seed "$OUT/breakout-rr0.125" --preset breakout-minatar \
     --total-timesteps 100000 --replay-ratio 0.125 --exp-name unizero-minatar-rr0.125
 fi
-# Issue 29's 500k half (docs/unizero.md): the preset at half the replay ratio, 500k steps, seeds
-# SEEDS_FROM.. (about 1.6 h per seed alone on a 2-core CPU). Resumable across sessions: rerunning
-# the mode skips finished seeds, resumes a stopped one from its last checkpoint (stop one with
-# SIGTERM: it checkpoints at the next chunk boundary) and starts missing ones; not part of `all`.
-if [[ $what == breakout-500k ]]; then
-  root=$OUT/breakout-rr0.125-500k
+# Runs too long for one sitting: rerunning a mode skips a finished seed (its summary.json), resumes
+# a stopped one from its last checkpoint (stop one with SIGTERM: it checkpoints at the next chunk
+# boundary) and starts a missing one. ROOT, EXP_NAME, SEED, then the flags of a fresh start.
+resume_or_start() {
+  local root=$1 exp=$2 seed=$3 run_dir
+  shift 3
   mkdir -p "$root"
+  run_dir=$(ls -d "$root"/*__"$exp"__"$seed"__* 2>/dev/null | head -1 || true)
+  if [[ -n $run_dir && -f $run_dir/summary.json ]]; then
+    echo "seed $seed: finished ($run_dir)"
+    return
+  elif [[ -n $run_dir ]]; then
+    set -- --resume "$run_dir"
+  else
+    set -- --seed "$seed" --run-root "$root" --exp-name "$exp" "$@"
+  fi
+  # -a: one line per process (segment) of the seed
+  /usr/bin/time -a -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$root/seed$seed.time" \
+    $PY algos/unizero.py "$@"
+  cat "$root/seed$seed.time"
+}
+
+# Issue 29's 500k half (docs/unizero.md): the preset at half the replay ratio, 500k steps, seeds
+# SEEDS_FROM.. (about 1.6 h per seed alone on a 2-core CPU), resumable; not part of `all`.
+if [[ $what == breakout-500k ]]; then
   for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
-    run_dir=$(ls -d "$root"/Breakout-MinAtar__unizero-minatar-rr0.125__"$seed"__* 2>/dev/null | head -1 || true)
-    if [[ -n $run_dir && -f $run_dir/summary.json ]]; then
-      echo "seed $seed: finished ($run_dir)"
-      continue
-    elif [[ -n $run_dir ]]; then
-      flags=(--resume "$run_dir")
-    else
-      flags=(--seed "$seed" --run-root "$root" --preset breakout-minatar --total-timesteps 500000
-        --replay-ratio 0.125 --exp-name unizero-minatar-rr0.125)
-    fi
-    # -a: one line per process (segment) of the seed
-    /usr/bin/time -a -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$root/seed$seed.time" \
-      $PY algos/unizero.py "${flags[@]}"
-    cat "$root/seed$seed.time"
+    resume_or_start "$OUT/breakout-rr0.125-500k" unizero-minatar-rr0.125 "$seed" --preset breakout-minatar \
+      --total-timesteps 500000 --replay-ratio 0.125
   done
+fi
+# Issue 29's Atari 100k on a CPU: the atari-100k-cpu preset (configs/unizero.toml: the paper's
+# settings scaled to fit), seed SEEDS_FROM (default 0) only, resumable; needs the atari extra.
+if [[ $what == atari-100k-cpu ]]; then
+  resume_or_start "$OUT/atari-100k-cpu" unizero-atari-100k-cpu "${SEEDS_FROM:-0}" --preset atari-100k-cpu
 fi
 if [[ $what == cartpole-v0 || $what == all ]]; then
   rm -rf "$OUT/cartpole-v0"
