@@ -170,18 +170,21 @@ def test_tiny_atari_trains_end_to_end_and_logs_the_game_score(tmp_path):
 
 
 @needs_envpool
-@pytest.mark.parametrize("preset, channels, width", [("atari-100k", 64, 768), ("atari-100k-cpu", 16, 128)])
-def test_atari_100k_preset_builds_lightzeros_shapes(preset, channels, width):
+@pytest.mark.parametrize(
+    "preset, colours, channels, width", [("atari-100k", 3, 64, 768), ("atari-100k-cpu", 1, 16, 128)]
+)
+def test_atari_100k_preset_builds_lightzeros_shapes(preset, colours, channels, width):
     """atari-100k: 64x64 RGB single frames stored as bytes (8 envs), the
     encoder's 8 x 8 x 64 = 4096 features projected to 768 (LightZero's
     RepresentationNetworkUniZero), and its update traces (no compile);
-    atari-100k-cpu the same frames and replay, 8 x 8 x 16 features to 128."""
+    atari-100k-cpu 64x64 grayscale frames, the same replay, 8 x 8 x 16
+    features to 128."""
     args = cli.preset_args(uz.Args, "unizero", preset)
     assert args.num_seeds == 1 and args.frame_stack == 1
     algo = uz.make_train(args)
-    assert algo.spec.obs_shape == (64, 64, 3) and algo.spec.num_actions == 4
+    assert algo.spec.obs_shape == (64, 64, colours) and algo.spec.num_actions == 4
     state = jax.eval_shape(algo.init, jax.random.key(0))
-    assert state.buffer.data.obs.shape == (args.buffer_size // 8, 8, 64, 64, 3)
+    assert state.buffer.data.obs.shape == (args.buffer_size // 8, 8, 64, 64, colours)
     assert state.buffer.data.obs.dtype == np.uint8 and state.history.obs.dtype == np.uint8
     assert state.params["encoder"]["linear"]["kernel"].shape == (8 * 8 * channels, width)
     _, metrics = jax.eval_shape(algo.update, state)
