@@ -239,9 +239,10 @@ def test_a_half_written_last_metrics_row_is_trimmed(tmp_path):
 # --------------------------------------------------------------------------- #
 # Ctrl-C / SIGTERM: a checkpoint at the next chunk boundary, then exit 130 / 143
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_checkpoints_at_the_next_chunk_boundary_and_exits(tmp_path, monkeypatch, capsys, signum):
-    args = ToyArgs(run_root=str(tmp_path), checkpoint_every=100)
+def signal_after_logging_update_2(monkeypatch, signum):
+    """Make the run's logger send this process `signum` once update 2 is
+    logged (the chunk of updates 3-4 may already be in flight); returns the
+    original logger, to put back."""
     original_log = logger.Run.log
 
     def log_then_signal(self, update, global_step, metrics):
@@ -250,6 +251,13 @@ def test_a_signal_checkpoints_at_the_next_chunk_boundary_and_exits(tmp_path, mon
             os.kill(os.getpid(), signum)
 
     monkeypatch.setattr(logger.Run, "log", log_then_signal)
+    return original_log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_checkpoints_at_the_next_chunk_boundary_and_exits(tmp_path, monkeypatch, capsys, signum):
+    args = ToyArgs(run_root=str(tmp_path), checkpoint_every=100)
+    original_log = signal_after_logging_update_2(monkeypatch, signum)
     with pytest.raises(SystemExit) as stopped:
         run_toy(args, num_updates=20)
     assert stopped.value.code == 128 + signum
@@ -269,14 +277,7 @@ def test_a_signal_without_checkpoints_offers_no_resume_command(tmp_path, monkeyp
     """--no-save-model writes no checkpoint, so the stop message must not
     print a --resume command that would fail."""
     args = ToyArgs(run_root=str(tmp_path), save_model=False)
-    original_log = logger.Run.log
-
-    def log_then_signal(self, update, global_step, metrics):
-        original_log(self, update, global_step, metrics)
-        if update[-1] == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(logger.Run, "log", log_then_signal)
+    signal_after_logging_update_2(monkeypatch, signal.SIGTERM)
     with pytest.raises(SystemExit) as stopped:
         run_toy(args, num_updates=20)
     assert stopped.value.code == 128 + signal.SIGTERM
