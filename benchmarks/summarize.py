@@ -151,12 +151,23 @@ def main(run_dirs: list[str]) -> None:
         )
 
 
+def check_run_dirs(run_dirs: list[str]) -> list[str]:
+    """Stop with a message naming what is not a run directory (one with args.json)."""
+    bad = [d for d in run_dirs if not (Path(d) / "args.json").is_file()]
+    if bad or not run_dirs:
+        sys.exit(f"not run directories (no args.json): {bad or 'none given'}; see --help")
+    return run_dirs
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--reach":
-        main_reach(sys.argv[3:], float(sys.argv[2]))
-    elif len(sys.argv) > 2 and sys.argv[1] == "--episode-windows":
-        main_episode_windows(sys.argv[3:], int(sys.argv[2]))
-    elif len(sys.argv) > 3 and sys.argv[1] == "--windows":
-        main_windows(sys.argv[4:], int(sys.argv[2]), sys.argv[3])
+    argv = sys.argv[1:]
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.exit(__doc__)
+    if len(argv) > 1 and argv[0] == "--reach":
+        main_reach(check_run_dirs(argv[2:]), float(argv[1]))
+    elif len(argv) > 1 and argv[0] == "--episode-windows":
+        main_episode_windows(check_run_dirs(argv[2:]), int(argv[1]))
+    elif len(argv) > 2 and argv[0] == "--windows":
+        main_windows(check_run_dirs(argv[3:]), int(argv[1]), argv[2])
     else:
-        main(sys.argv[1:])
+        main(check_run_dirs(argv))

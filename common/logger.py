@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -268,9 +269,15 @@ def _whole_rows(header: list[str], body: list[list[str]]) -> list[list[str]]:
 
 
 def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
-    """metrics.csv as columns of float arrays (a half-written last row is skipped)."""
-    with open(Path(run_dir) / "metrics.csv", newline="") as f:
-        rows = list(csv.reader(f))
+    """metrics.csv as columns of float arrays (a half-written last row is skipped);
+    metrics.csv.gz where only that is there (the copies of runs kept in docs/data)."""
+    path = Path(run_dir) / "metrics.csv"
+    if not path.exists() and path.with_suffix(".csv.gz").exists():
+        with gzip.open(path.with_suffix(".csv.gz"), "rt", newline="") as f:
+            rows = list(csv.reader(f))
+    else:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
     if not rows:
         return {}
     header, body = rows[0], _whole_rows(rows[0], rows[1:])

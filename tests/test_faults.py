@@ -3,6 +3,7 @@
 through every algorithm file's tiny preset."""
 
 import dataclasses
+import gzip
 import json
 import os
 import signal
@@ -234,6 +235,21 @@ def test_a_half_written_last_metrics_row_is_trimmed(tmp_path):
     run_toy(dataclasses.replace(args, resume=run_dir), num_updates=10)
     rows = logger.read_metrics(run_dir)
     assert sorted(rows["update"][rows["seed_index"] == 0]) == list(range(1, 11))
+
+
+def test_metrics_kept_compressed_read_the_same(tmp_path):
+    """docs/data keeps runs' metrics as metrics.csv.gz; read_metrics reads
+    that copy where metrics.csv is gone, to the same columns."""
+    _, run_dir = finished_toy_run(tmp_path)
+    csv_path = os.path.join(run_dir, "metrics.csv")
+    plain = logger.read_metrics(run_dir)
+    with open(csv_path, "rb") as f, gzip.open(csv_path + ".gz", "wb") as g:
+        g.write(f.read())
+    os.remove(csv_path)
+    packed = logger.read_metrics(run_dir)
+    assert packed.keys() == plain.keys() and len(plain["update"]) > 0
+    for column in plain:
+        np.testing.assert_array_equal(packed[column], plain[column])
 
 
 # --------------------------------------------------------------------------- #
