@@ -75,6 +75,9 @@ resume_or_start() {
   if [[ -n $run_dir && -f $run_dir/summary.json ]]; then
     echo "seed $seed: finished ($run_dir)"
     return
+  elif [[ -n $run_dir ]] && ! ls "$run_dir"/checkpoints/*.npz > /dev/null 2>&1; then
+    echo "seed $seed: $run_dir has no checkpoint to resume from (stopped before its first); remove it to start again" >&2
+    return 1
   elif [[ -n $run_dir ]]; then
     set -- --resume "$run_dir"
   else
