@@ -149,6 +149,8 @@ class Args:
     """weight of a bonus on the policy head's entropy, subtracted from the loss (LightZero's policy_entropy_weight: 1e-4 to 5e-3 in its UniZero configs); 0: none"""
     learning_rate: Annotated[float, Positive] = 1e-4
     """AdamW learning rate"""
+    anneal_lr: bool = False
+    """decay the learning rate linearly to 0 over the run's updates, as PPO's --anneal-lr (off: LightZero's constant rate)"""
     weight_decay: Annotated[float, NonNegative] = 1e-4
     """AdamW weight decay (on matrices only)"""
     max_grad_norm: Annotated[float, NonNegative] = 5.0
@@ -745,6 +747,17 @@ def empty_history(num: int, context_steps: int, obs_shape: tuple[int, ...], dtyp
     )
 
 
+def learning_rate_at(args: Args, learning_rate: jax.Array, env_steps: jax.Array) -> jax.Array:
+    """The step size of the gradient steps of the update whose collection brought
+    a seed to `env_steps` []: `learning_rate`, or with --anneal-lr
+    learning_rate * (1 - k / num_updates) in update k = 0, 1, ... (PPO's linear
+    decay, as PureJaxRL and CleanRL write it)."""
+    if not args.anneal_lr:
+        return learning_rate
+    update_index = env_steps // args.steps_per_update - 1
+    return learning_rate * (1.0 - update_index / args.num_updates)
+
+
 def make_optimizer(args: Args) -> optax.GradientTransformation:
     """AdamW (betas 0.9 / 0.95) with weight decay on matrices only (LightZero's
     configure_optimizers), after a global-norm clip (`max_grad_norm` 0 turns it
@@ -1069,8 +1082,9 @@ def make_train(args: Args) -> UniZero:
         sample = buffers.sample(state.buffer, sample_key, args.batch_size, L)
         windows = parallel.constrain_data(sample.windows)  # --parallel data: the batch is split over devices
         grads, stats = jax.grad(loss_fn, has_aux=True)(state.params, state.target_params, windows, dropout_key, hp)
+        learning_rate = learning_rate_at(args, hp.learning_rate, state.env_steps)
         opt_state = state.opt_state._replace(
-            hyperparams={**state.opt_state.hyperparams, "learning_rate": hp.learning_rate}
+            hyperparams={**state.opt_state.hyperparams, "learning_rate": learning_rate}
         )
         updates, opt_state = optimizer.update(grads, opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

@@ -275,3 +275,16 @@ def test_policy_entropy_bonus_is_subtracted_from_the_loss(algo_and_params):
     bonus, _ = loss(hparams.replace(policy_entropy_coef=jnp.float32(0.5)))
     assert 0 < float(metrics["policy_entropy"]) <= np.log(algo.spec.num_actions) + 1e-6
     np.testing.assert_allclose(bonus, plain - 0.5 * metrics["policy_entropy"], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("anneal", [False, True])
+def test_learning_rate_decays_linearly_over_the_updates_with_anneal_lr(anneal):
+    """--anneal-lr: update k = 0 .. N-1 (its collection brings env_steps to
+    (k + 1) x steps_per_update) trains at lr x (1 - k / N), PPO's schedule;
+    without it, the rate is the constant given."""
+    args = tiny(anneal_lr=anneal)
+    n, per_update = args.num_updates, args.steps_per_update
+    env_steps = jnp.arange(1, n + 1) * per_update
+    rates = jax.vmap(lambda steps: uz.learning_rate_at(args, jnp.float32(0.01), steps))(env_steps)
+    expected = 0.01 * (1 - np.arange(n) / n) if anneal else np.full(n, 0.01)
+    np.testing.assert_allclose(rates, expected, rtol=1e-6)
