@@ -161,8 +161,11 @@ def check_run_dirs(run_dirs: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    if not argv or argv[0] in ("-h", "--help"):
-        sys.exit(__doc__)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    if not argv:
+        sys.exit(__doc__)  # the usage, with exit status 1
     if len(argv) > 1 and argv[0] == "--reach":
         main_reach(check_run_dirs(argv[2:]), float(argv[1]))
     elif len(argv) > 1 and argv[0] == "--episode-windows":
