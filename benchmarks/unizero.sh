@@ -17,15 +17,21 @@ what=${1:-all}
 
 # UniZero's seeds run one process each, one after another: its gradient step is compute-bound,
 # and on 2 cores 2 vmapped seeds took 2.78x one seed (docs/unizero.md, "Where the time goes").
-# /usr/bin/time records each process whole (imports and compilation included) in ROOT/seedN.time.
+# /usr/bin/time records each process whole (imports and compilation included) in ROOT/seedN.time,
+# one line per process (a resumed seed has one per segment).
+timed_unizero() {  # ROOT, SEED, then algos/unizero.py flags
+  local root=$1 seed=$2
+  shift 2
+  mkdir -p "$root"
+  /usr/bin/time -a -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$root/seed$seed.time" \
+    $PY algos/unizero.py "$@"
+  cat "$root/seed$seed.time"
+}
 one_process_per_seed() {  # ROOT, then algos/unizero.py flags
   local root=$1 seed
   shift
-  mkdir -p "$root"
   for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
-    /usr/bin/time -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$root/seed$seed.time" \
-      $PY algos/unizero.py --seed "$seed" --run-root "$root" "$@"
-    cat "$root/seed$seed.time"
+    timed_unizero "$root" "$seed" --seed "$seed" --run-root "$root" "$@"
   done
 }
 
@@ -83,10 +89,7 @@ resume_or_start() {
   else
     set -- --seed "$seed" --run-root "$root" --exp-name "$exp" "$@"
   fi
-  # -a: one line per process (segment) of the seed
-  /usr/bin/time -a -f "wall %e s, user %U s, system %S s, max RSS %M KiB" -o "$root/seed$seed.time" \
-    $PY algos/unizero.py "$@"
-  cat "$root/seed$seed.time"
+  timed_unizero "$root" "$seed" "$@"
 }
 
 # Issue 29's 500k half (docs/unizero.md): the preset at half the replay ratio, 500k steps, seeds
