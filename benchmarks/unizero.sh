@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -100,17 +100,28 @@ if [[ $what == breakout-500k ]]; then
       --total-timesteps 500000 --replay-ratio 0.125
   done
 fi
-# Once breakout-500k's seeds have finished: PPO's breakout-minatar preset on the same 500k steps and
-# seeds (vmapped in one process; skipped if already there), the tables (training return per 20k
-# window, greedy evaluations) and the figure.
+# The same with UniZero-PPO's two lessons on this task (docs/unizero_ppo.md): the step size annealed
+# linearly to 0 over the run (`--anneal-lr`) and PPO's discount 0.99 (the preset's is 0.997), after
+# breakout-500k's constant-rate seeds flattened at 8-9 from 140k (docs/unizero.md); resumable.
+if [[ $what == breakout-500k-anneal ]]; then
+  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
+    resume_or_start "$OUT/breakout-rr0.125-anneal-500k" unizero-minatar-rr0.125-anneal "$seed" \
+      --preset breakout-minatar --total-timesteps 500000 --replay-ratio 0.125 --anneal-lr --gamma 0.99
+  done
+fi
+# Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
+# on the same 500k steps and seeds (vmapped in one process; skipped if already there), the tables
+# (training return per 20k window, greedy evaluations) and the figure, over whichever UniZero roots
+# exist (each is one curve, by its exp_name).
 if [[ $what == breakout-500k-report ]]; then
   if [[ ! -d $OUT/ppo-breakout-minatar-500k ]]; then
     $PY algos/ppo.py --preset breakout-minatar --total-timesteps 500000 --num-seeds "$SEEDS" \
       --run-root "$OUT/ppo-breakout-minatar-500k" --exp-name ppo-minatar
   fi
-  $PY benchmarks/summarize.py --episode-windows 20000 $OUT/breakout-rr0.125-500k/*/ $OUT/ppo-breakout-minatar-500k/*/
-  $PY benchmarks/summarize.py $OUT/breakout-rr0.125-500k/*/ $OUT/ppo-breakout-minatar-500k/*/
-  $PY -m jaxzoo.plot $OUT/breakout-rr0.125-500k/*/ $OUT/ppo-breakout-minatar-500k/* \
+  runs=$(ls -d $OUT/breakout-rr0.125-500k/*/ $OUT/breakout-rr0.125-anneal-500k/*/ 2>/dev/null || true)
+  $PY benchmarks/summarize.py --episode-windows 20000 $runs $OUT/ppo-breakout-minatar-500k/*/
+  $PY benchmarks/summarize.py $runs $OUT/ppo-breakout-minatar-500k/*/
+  $PY -m jaxzoo.plot $runs $OUT/ppo-breakout-minatar-500k/*/ \
     --out docs/img/unizero_vs_ppo_breakout_500k.png --smooth 5 \
     --title "Breakout-MinAtar, $SEEDS seeds, 500k: UniZero (replay ratio 0.125) vs PPO"
 fi
