@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -61,6 +62,24 @@ def test_checkpoint_reloads_into_the_state(two_seed_run):
     restored, update = checkpoint.restore(result.run_dir, template)
     for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(result.state.params)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_eval_checkpoint_repeats_the_final_evaluation_read_only(two_seed_run):
+    """benchmarks/eval_checkpoint.py on a finished run's last checkpoint gives
+    the run's own final greedy returns, and writes nothing into the run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eval_checkpoint", ROOT / "benchmarks" / "eval_checkpoint.py")
+    eval_checkpoint = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eval_checkpoint)
+    args, result = two_seed_run
+    before = {p: p.stat().st_mtime_ns for p in sorted(Path(result.run_dir).rglob("*"))}
+    update, returns = eval_checkpoint.evaluate_checkpoint(result.run_dir)
+    assert update == args.num_updates
+    np.testing.assert_array_equal(returns, result.eval_returns)
+    assert {p: p.stat().st_mtime_ns for p in sorted(Path(result.run_dir).rglob("*"))} == before
+    with pytest.raises(SystemExit, match="no args.json"):
+        eval_checkpoint.main([str(Path(result.run_dir) / "checkpoints")])
 
 
 def test_same_seed_gives_identical_metrics(two_seed_run, tmp_path):
