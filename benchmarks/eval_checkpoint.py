@@ -4,11 +4,14 @@ written to, so a stopped run can be evaluated mid-way and resumed after.
     python benchmarks/eval_checkpoint.py RUN_DIR [RUN_DIR ...] [--episodes 10] [--update N]
 
 Each run is rebuilt from its args.json by the algorithm file that wrote it,
-its newest checkpoint (or update N's) restored, and its `evaluate` run on
-every seed with the evaluation key the run's own final evaluation uses
-(fold_in(key(seed), 1)), compiled the same way: on a finished run's last
-checkpoint this repeats its eval.json. docs/unizero.md (Breakout-MinAtar,
-500k) uses it to compare the greedy policy with the training return.
+its newest checkpoint (or update N's) restored, and evaluated by the
+program the run's own evaluation uses (common/runner.py,
+`evaluation_program`: the same keys, compiled the same way), so on a
+finished run's last checkpoint this repeats its eval.json. For the files
+whose runs go through common/runner.py: not world_models.py (staged) nor
+impala.py's `--architecture sebulba` (actor threads), which are refused.
+docs/unizero.md (Breakout-MinAtar, 500k) uses it to compare the greedy
+policy with the training return.
 """
 
 from __future__ import annotations
@@ -38,21 +41,19 @@ def evaluate_checkpoint(run_dir: str, episodes: int | None = None, update: int |
         raise SystemExit(f"{args_path} does not name the algorithm that wrote it (written before runs did)")
     module = importlib.import_module(f"jaxzoo.algos.{algorithm}")
     args = cli.load_run_args(module.Args, run_dir, algorithm)
+    if algorithm == "world_models" or getattr(args, "architecture", None) == "sebulba":
+        raise SystemExit(
+            f"{run_dir!r} was written by {algorithm}.py's own loop, not common/runner.py's; "
+            "its checkpoints hold no single evaluable state (accepted: ppo, rainbow, mpo, planet, unizero, "
+            "unizero_ppo, impala without --architecture sebulba)"
+        )
     if episodes is not None:
         args = dataclasses.replace(args, eval_episodes=episodes)
     algo = module.make_train(args)
     seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
     template = jax.eval_shape(lambda s: runner.init_seeds(algo.init, s), seeds)
     state, restored = checkpoint.restore(run_dir, template, update)
-    evaluate = jax.jit(
-        runner.over_seeds(
-            lambda state, seed: algo.evaluate(state, jax.random.fold_in(jax.random.key(seed), 1)),
-            args.num_seeds,
-            (0, 0),
-        ),
-        compiler_options=runner.RUN_ONCE,
-    )
-    returns = evaluate(state, seeds)
+    returns = runner.evaluation_program(args, algo.evaluate, args.eval_every)(state, seeds)
     if isinstance(returns, tuple):  # --capture-video runs also return the recording
         returns = returns[0]
     return restored, np.asarray(returns)

@@ -555,27 +555,34 @@ def _train(
     return RunResult(str(run_log.dir), state, stacked, eval_returns, trace_count(), compile_seconds, train_seconds)
 
 
+def evaluation_program(args, evaluate: Callable, eval_every: int = 0, **shardings):
+    """The run's greedy evaluation, `(state [num_seeds, ...], seeds [num_seeds])
+    -> returns [num_seeds, eval_episodes]`: `evaluate` vmapped over seeds and
+    jitted. Evaluation keys: fold_in(key(seed), 1), independent of the training
+    stream. Run once, it compiles unoptimised; run every `eval_every` updates, it
+    runs long enough to be worth optimising (UniZero's search: 2.6x faster).
+    benchmarks/eval_checkpoint.py evaluates a checkpoint with the same program."""
+    return jax.jit(
+        over_seeds(
+            lambda state, seed: evaluate(state, jax.random.fold_in(jax.random.key(seed), 1)),
+            args.num_seeds,
+            (0, 0),
+        ),
+        compiler_options=None if eval_every else RUN_ONCE,
+        **shardings,
+    )
+
+
 def _lower_evaluation(args, evaluate: Callable, abstract_state, placement: Placement, eval_every: int):
-    """`evaluate` vmapped over seeds and lowered (compiled later, in the
-    background). Evaluation keys: fold_in(key(seed), 1), independent of the
-    training stream. Run once, it compiles unoptimised; run every `eval_every`
-    updates, it runs long enough to be worth optimising (UniZero's search:
-    2.6x faster)."""
+    """`evaluation_program` placed on the run's devices and lowered (compiled
+    later, in the background)."""
     shardings: dict[str, Any] = (
         {"in_shardings": (placement.state, placement.outputs), "out_shardings": placement.outputs}
         if placement.layout.mesh is not None
         else {}
     )
     with placement.layout.tracing():
-        return jax.jit(
-            over_seeds(
-                lambda state, seed: evaluate(state, jax.random.fold_in(jax.random.key(seed), 1)),
-                args.num_seeds,
-                (0, 0),
-            ),
-            compiler_options=None if eval_every else RUN_ONCE,
-            **shardings,
-        ).lower(abstract_state, placement.seeds)
+        return evaluation_program(args, evaluate, eval_every, **shardings).lower(abstract_state, placement.seeds)
 
 
 class _ChunkLoop:

@@ -64,9 +64,10 @@ def test_checkpoint_reloads_into_the_state(two_seed_run):
         np.testing.assert_array_equal(a, b)
 
 
-def test_eval_checkpoint_repeats_the_final_evaluation_read_only(two_seed_run):
+def test_eval_checkpoint_repeats_the_final_evaluation_read_only(two_seed_run, tmp_path):
     """benchmarks/eval_checkpoint.py on a finished run's last checkpoint gives
-    the run's own final greedy returns, and writes nothing into the run."""
+    the run's own final greedy returns, and writes nothing into the run; a
+    run that common/runner.py did not write is refused by name."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("eval_checkpoint", ROOT / "benchmarks" / "eval_checkpoint.py")
@@ -80,6 +81,11 @@ def test_eval_checkpoint_repeats_the_final_evaluation_read_only(two_seed_run):
     assert {p: p.stat().st_mtime_ns for p in sorted(Path(result.run_dir).rglob("*"))} == before
     with pytest.raises(SystemExit, match="no args.json"):
         eval_checkpoint.main([str(Path(result.run_dir) / "checkpoints")])
+    staged = tmp_path / "world_models_run"
+    staged.mkdir()
+    (staged / "args.json").write_text(json.dumps({"algorithm": "world_models"}))
+    with pytest.raises(SystemExit, match="world_models.py's own loop"):
+        eval_checkpoint.main([str(staged)])
 
 
 def test_same_seed_gives_identical_metrics(two_seed_run, tmp_path):
