@@ -78,7 +78,20 @@ def test_eval_checkpoint_repeats_the_final_evaluation_read_only(two_seed_run, tm
     update, returns = eval_checkpoint.evaluate_checkpoint(result.run_dir)
     assert update == args.num_updates
     np.testing.assert_array_equal(returns, result.eval_returns)
+    # --set: the same parameters under another value of a field the state's shapes do not depend on
+    overrides = eval_checkpoint.parse_overrides(args, ["eval_episodes=3"])
+    assert overrides == {"eval_episodes": 3}
+    assert eval_checkpoint.evaluate_checkpoint(result.run_dir, overrides=overrides)[1].shape == (args.num_seeds, 3)
     assert {p: p.stat().st_mtime_ns for p in sorted(Path(result.run_dir).rglob("*"))} == before
+    for setting, message in [
+        ("no_such_field=1", "FIELD one of the run's args"),
+        ("eval_episodes=three", "eval_episodes is a int; got 'three'"),
+        ("anneal_lr=yes", "anneal_lr is a bool; accepted: true or false"),
+    ]:
+        with pytest.raises(SystemExit, match=message):
+            eval_checkpoint.main([result.run_dir, "--set", setting])
+    with pytest.raises(ValueError, match=r"eval_episodes=0 is out of range"):
+        eval_checkpoint.main([result.run_dir, "--set", "eval_episodes=0"])
     with pytest.raises(SystemExit, match="no args.json"):
         eval_checkpoint.main([str(Path(result.run_dir) / "checkpoints")])
     staged = tmp_path / "world_models_run"
