@@ -135,6 +135,8 @@ class Args:
     """PUCT: weight of the Dirichlet noise in the root prior during collection"""
     visit_temperature: Annotated[float, Positive] = 0.25
     """PUCT: collection samples actions from visit counts ^ (1 / visit_temperature)"""
+    explore_epsilon: Annotated[float, Fraction] = 0.0
+    """probability that a collection step takes a uniformly random action instead of the search's (epsilon-greedy on top of the search, LightZero's eps_greedy_exploration_in_collect; the policy target stays the search's); 0: none"""
     q_rescale_min_gap: Annotated[float, Positive] = 1e-8
     """the search rescales a node's Q-values to [0, 1] by (q - min) / max(max - min, this) (mctx's epsilon, 1e-8; LightZero's value_delta_max is 0.01): gaps smaller than it stay small instead of becoming 0 and 1"""
     latent_coef: Annotated[float, NonNegative] = 10.0
@@ -831,21 +833,25 @@ def tree_search(
 
 
 # ---- Collection and evaluation ----------------------------------------------------------
-def collect_step(env, env_params, search, state: RunnerState):
+def collect_step(env, env_params, search, explore_epsilon: float, state: RunnerState):
     """One env step of every env (N), acting with the search (`search(params,
-    history, key, explore, hparams)`); the step goes to replay. Returns the
-    state and (episode info, search stats): leaves [N] and []."""
+    history, key, explore, hparams)`), or with probability `explore_epsilon`
+    uniformly at random; the step goes to replay. Returns the state and
+    (episode info, search stats): leaves [N] and []."""
     key, search_key, step_key = jax.random.split(state.key, 3)
     history = observe(state.history, state.obs, state.timestep)
     history = parallel.constrain_data(history)  # --parallel data: the search's root batch is split over devices
     out = search(state.params, history, search_key, True, state.hparams)
-    next_obs, env_state, reward, terminated, truncated, info = env.step(
-        step_key, state.env_state, out.action, env_params
-    )
+    # Epsilon-greedy: its key is folded from the search's, so the other streams (and every run at 0) are unchanged.
+    coin_key, random_key = jax.random.split(jax.random.fold_in(search_key, 1))
+    num_actions = out.action_weights.shape[-1]
+    random_action = jax.random.randint(random_key, out.action.shape, 0, num_actions, out.action.dtype)
+    action = jnp.where(jax.random.uniform(coin_key, out.action.shape) < explore_epsilon, random_action, out.action)
+    next_obs, env_state, reward, terminated, truncated, info = env.step(step_key, state.env_state, action, env_params)
     done = terminated | truncated
     transition = Transition(
         obs=state.obs,
-        action=out.action,
+        action=action,
         reward=reward.astype(jnp.float32),
         terminated=terminated,
         truncated=truncated,
@@ -859,7 +865,7 @@ def collect_step(env, env_params, search, state: RunnerState):
         env_state=env_state,
         obs=next_obs,
         timestep=jnp.where(done, 0, state.timestep + 1),
-        history=record_action(history, out.action, done),
+        history=record_action(history, action, done),
         key=key,
         env_steps=state.env_steps + state.obs.shape[0],
     )
@@ -1102,7 +1108,7 @@ def make_train(args: Args) -> UniZero:
     def update(state: RunnerState):
         """num_steps steps of every env with search, then replay_ratio x new
         steps gradient steps once `learning_starts` steps are in replay."""
-        collect = lambda state, _: collect_step(env, env_params, search, state)
+        collect = lambda state, _: collect_step(env, env_params, search, args.explore_epsilon, state)
         state, (episode_info, search_stats) = jax.lax.scan(collect, state, None, args.num_steps)
         learning = (state.env_steps >= args.learning_starts) & buffers.valid_starts(state.buffer, L).any()
 
@@ -1143,7 +1149,7 @@ def make_train(args: Args) -> UniZero:
         functools.partial(recurrent_fn, graphdef, args.gamma),
         search,
         loss_fn,
-        lambda state, _: collect_step(env, env_params, search, state),
+        lambda state, _: collect_step(env, env_params, search, args.explore_epsilon, state),
         learn,
         graphdef,
         spec,

@@ -288,3 +288,30 @@ def test_learning_rate_decays_linearly_over_the_updates_with_anneal_lr(anneal):
     rates = jax.vmap(lambda steps: uz.learning_rate_at(args, jnp.float32(0.01), steps))(env_steps)
     expected = 0.01 * (1 - np.arange(n) / n) if anneal else np.full(n, 0.01)
     np.testing.assert_allclose(rates, expected, rtol=1e-6)
+
+
+def test_explore_epsilon_replaces_the_search_action_with_a_uniform_one(algo_and_params):
+    """collect_step acts with the search's action (here forced to 0), except with
+    probability explore_epsilon a uniformly random one; replay stores the action
+    taken, and the policy target stays the search's weights."""
+    args, algo, params, _ = algo_and_params
+    args = dataclasses.replace(args, num_envs=64, buffer_size=64 * (args.window_length + 1), total_timesteps=64 * args.num_steps)
+    algo = uz.make_train(args)
+    state = algo.init(jax.random.key(0)).replace(params=params)
+    search_zero = lambda *a: (lambda out: out.replace(action=jnp.zeros_like(out.action)))(algo.search(*a))
+
+    @partial(jax.jit, static_argnums=0, compiler_options={"xla_backend_optimization_level": 0})
+    def stored(epsilon):
+        state_after, _ = uz.collect_step(algo_env[0], algo_env[1], search_zero, epsilon, state)
+        rows = state_after.buffer.data
+        return rows.action[0], rows.search_policy[0]
+
+    algo_env = uz.make_envs(args)[:2]
+    taken, weights = {}, {}
+    for epsilon in (0.0, 0.5, 1.0):
+        taken[epsilon], weights[epsilon] = map(np.asarray, stored(epsilon))
+    assert (taken[0.0] == 0).all()
+    assert set(taken[1.0].tolist()) == set(range(algo.spec.num_actions))  # 64 uniform draws over 2 actions
+    assert 0 < (taken[0.5] != 0).mean() < 1  # about a quarter: half the steps, half of those draw a non-zero action
+    for epsilon in (0.5, 1.0):
+        np.testing.assert_allclose(weights[epsilon], weights[0.0], atol=1e-6)

@@ -1,0 +1,108 @@
+"""What a Breakout-MinAtar UniZero run's replay says about its values, read-only
+(docs/unizero.md, "The 10-brick trap").
+
+    python benchmarks/unizero_breakout_replay.py RUN_DIR [--samples 20000]
+
+From the newest checkpoint's replay (the last buffer_size transitions of each
+seed), grouped by the bricks left on the screen (channel 3 of the 10x10x4
+observation; 30 at the start, one fewer per reward):
+
+- steps: replayed transitions with that many bricks left;
+- return-to-go: the discounted return that actually followed in replay (gamma
+  of the run; only transitions whose episode ended inside replay);
+- V(model): the trained model's value of the observation alone
+  (`unizero.lone_values`), on up to --samples of those transitions;
+- root value: the search's value at collection time;
+- top weight: the largest of the search's action weights (the policy target);
+  1/3 is uniform over Breakout's 3 actions;
+- toward ball: how often the action moved the paddle toward the ball's column
+  (or stayed under it);
+
+then how many bricks were left when each replayed episode ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxzoo import checkpoint, runner
+from jaxzoo.algos import unizero
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir")
+    parser.add_argument("--samples", type=int, default=20_000, help="transitions the model's value is computed on")
+    options = parser.parse_args(argv)
+    spec = importlib.util.spec_from_file_location("eval_checkpoint", HERE / "eval_checkpoint.py")
+    eval_checkpoint = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eval_checkpoint)
+    module, args = eval_checkpoint.load_args(options.run_dir)
+    if module is not unizero or args.env_id != "Breakout-MinAtar":
+        raise SystemExit(f"{options.run_dir!r} is not a unizero run on Breakout-MinAtar")
+    algo = unizero.make_train(args)
+    seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
+    template = jax.eval_shape(lambda s: runner.init_seeds(algo.init, s), seeds)
+    state, update = checkpoint.restore(options.run_dir, template, None)
+    print(f"{options.run_dir}: checkpoint of update {update}")
+    for seed_index in range(args.num_seeds):
+        buffer = jax.tree.map(lambda x: np.asarray(x[seed_index]), state.buffer)
+        data, rows, size = buffer.data, buffer.rows, int(buffer.size)
+        order = (np.arange(rows) + int(buffer.position)) % rows if size == rows else np.arange(size)  # oldest first
+        take = lambda x: x[order]  # [T, N, ...] in time order
+        obs, reward, action = take(data.obs), take(data.reward), take(data.action)
+        ended, terminated = take(data.terminated | data.truncated), take(data.terminated)
+        # Discounted return-to-go, backwards through each env's column; known only where an episode end follows.
+        returns, known = np.zeros_like(reward), np.zeros(reward.shape, bool)
+        running, seen_end = np.zeros(reward.shape[1]), np.zeros(reward.shape[1], bool)
+        for t in range(len(order) - 1, -1, -1):
+            seen_end |= ended[t]
+            running = reward[t] + args.gamma * np.where(ended[t], 0.0, running)
+            returns[t], known[t] = running, seen_end
+        bricks = obs[..., 3].sum((-2, -1)).round().astype(int)  # [T, N]
+        paddle = obs[..., 9, :, 0].argmax(-1)
+        ball_x = obs[..., 1].max(-2).argmax(-1)
+        toward = np.where(ball_x < paddle, action == 1, np.where(ball_x > paddle, action == 2, action == 0))
+        top_weight = take(data.search_policy).max(-1)
+        root_value = take(data.root_value)
+        # The model's value of sampled observations, each alone at its own timestep.
+        world = nnx.merge(algo.graphdef, jax.tree.map(lambda x: x[seed_index], state.params))
+        values_of = jax.jit(lambda o, t: unizero.lone_values(world, o[:, None], t[:, None])[:, 0])
+        t_index, n_index = np.nonzero(known)
+        pick = np.random.default_rng(0).permutation(len(t_index))[: options.samples]
+        t_index, n_index = t_index[pick], n_index[pick]
+        timesteps = take(data.timestep)[t_index, n_index]
+        values = np.concatenate(
+            [
+                np.asarray(values_of(obs[t_index[i : i + 2000], n_index[i : i + 2000]], timesteps[i : i + 2000]))
+                for i in range(0, len(t_index), 2000)
+            ]
+        )
+        sampled_bricks = bricks[t_index, n_index]
+        print(f"\nseed index {seed_index}: {size * reward.shape[1]:,} replayed transitions")
+        print("| bricks left | steps | return-to-go | V(model) | root value | top weight | toward ball |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for count in range(30, -1, -1):
+            here = bricks == count
+            if here.sum() < 20:
+                continue
+            sampled = sampled_bricks == count
+            value = f"{values[sampled].mean():.3f}" if sampled.any() else "-"
+            print(
+                f"| {count} | {here.sum()} | {returns[here & known].mean():.3f} | {value} | "
+                f"{root_value[here].mean():.3f} | {top_weight[here].mean():.3f} | {toward[here].mean():.3f} |"
+            )
+        left, counts = np.unique(bricks[terminated], return_counts=True)
+        print("bricks left when a replayed episode ended:", ", ".join(f"{b}: {c}" for b, c in zip(left, counts)))
+
+
+if __name__ == "__main__":
+    main()
