@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -109,6 +109,16 @@ if [[ $what == breakout-500k-anneal ]]; then
       --preset breakout-minatar --total-timesteps 500000 --replay-ratio 0.125 --anneal-lr --gamma 0.99
   done
 fi
+# The annealed run with epsilon-greedy exploration on top of the search in collection (10% of the
+# steps uniformly random), after its seed 0 fell into the 10-brick trap (docs/unizero.md: a memorised
+# route through a deterministic game, values of 0 past it); resumable.
+if [[ $what == breakout-500k-explore ]]; then
+  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
+    resume_or_start "$OUT/breakout-rr0.125-anneal-eps0.1-500k" unizero-minatar-rr0.125-anneal-eps0.1 "$seed" \
+      --preset breakout-minatar --total-timesteps 500000 --replay-ratio 0.125 --anneal-lr --gamma 0.99 \
+      --explore-epsilon 0.1
+  done
+fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
 # on the same 500k steps and seeds (vmapped in one process; skipped if already there), the tables
 # (training return per 20k window, greedy evaluations) and the figure, over whichever UniZero roots
@@ -118,7 +128,8 @@ if [[ $what == breakout-500k-report ]]; then
     $PY algos/ppo.py --preset breakout-minatar --total-timesteps 500000 --num-seeds "$SEEDS" \
       --run-root "$OUT/ppo-breakout-minatar-500k" --exp-name ppo-minatar
   fi
-  runs=$(ls -d $OUT/breakout-rr0.125-500k/*/ $OUT/breakout-rr0.125-anneal-500k/*/ 2>/dev/null || true)
+  runs=$(ls -d $OUT/breakout-rr0.125-500k/*/ $OUT/breakout-rr0.125-anneal-500k/*/ \
+    $OUT/breakout-rr0.125-anneal-eps0.1-500k/*/ 2>/dev/null || true)
   $PY benchmarks/summarize.py --episode-windows 20000 $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY benchmarks/summarize.py $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY -m jaxzoo.plot $runs $OUT/ppo-breakout-minatar-500k/*/ \

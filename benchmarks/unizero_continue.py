@@ -2,7 +2,7 @@
 an experiment on a trained agent (docs/unizero.md, "The 10-brick trap").
 
     python benchmarks/unizero_continue.py RUN_DIR --steps 50000 [--hparam NAME=VALUE ...]
-        [--set FIELD=VALUE ...] [--schedule-steps 1000000] [--out metrics.csv]
+        [--set FIELD=VALUE ...] [--schedule-steps 1000000] [--out metrics.csv] [--save NEW_RUN_DIR]
 
 The run's newest checkpoint (parameters, optimizer, replay, envs) is restored
 and trained on for `--steps` more env steps per seed with the run's own update,
@@ -14,7 +14,9 @@ directory is not written to. With --anneal-lr runs the step size follows
 1e-3 x (1 - update / num_updates) with num_updates from `--schedule-steps`
 (the run's own total would give 0 at its end). Prints the mean return of the
 training episodes ending in each `--window` of env steps, and writes every
-update's metrics to `--out` if given.
+update's metrics to `--out` if given. `--save` writes the continued state as
+a new run directory (args.json with the changes, one checkpoint), which must
+not exist yet, for eval_checkpoint.py and unizero_breakout_replay.py.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxzoo import checkpoint, runner
+from jaxzoo import checkpoint, logger, runner
 from jaxzoo.algos import unizero
 
 HERE = Path(__file__).resolve().parent
@@ -68,15 +70,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window", type=int, default=10_000, help="env steps per printed window")
     parser.add_argument("--chunk", type=int, default=25, help="updates per jitted chunk")
     parser.add_argument("--out", default=None, help="CSV of every update's metrics")
+    parser.add_argument("--save", default=None, help="new run directory for the continued state")
     options = parser.parse_args(argv)
     changes = parse_hparams(options.hparam)
+    if options.save and Path(options.save).exists():
+        raise SystemExit(f"--save {options.save!r} exists; name a new directory (a run directory is never shared)")
 
     eval_checkpoint = load_eval_checkpoint()
     module, args = eval_checkpoint.load_args(options.run_dir)
     if module is not unizero:
         raise SystemExit(f"{options.run_dir!r} is a {module.__name__} run; this script continues unizero runs")
     arg_changes = eval_checkpoint.parse_overrides(args, options.set)
-    args = dataclasses.replace(args, **arg_changes)
+    args = dataclasses.replace(args, **arg_changes, **changes)  # Hyperparams fields are Args fields too
     if options.schedule_steps is not None:
         args = dataclasses.replace(args, total_timesteps=options.schedule_steps)
     algo = unizero.make_train(args)
@@ -101,7 +106,12 @@ def main(argv: list[str] | None = None) -> None:
             for seed_index in range(args.num_seeds):
                 rows.append({k: float(v[seed_index, i]) for k, v in metrics.items()} | {"seed_index": seed_index})
         done = int(np.asarray(state.env_steps)[0]) - start_steps
-        print(f"  {done:,} env steps, {time.perf_counter() - started:.0f} s", flush=True)
+        finished = metrics["episodes_finished"]
+        mean_return = np.nansum(metrics["episode_return"] * finished) / max(finished.sum(), 1)
+        print(
+            f"  {done:,} env steps, {time.perf_counter() - started:.0f} s, training return {mean_return:.2f}",
+            flush=True,
+        )
     steps_per_update = args.steps_per_update
     for row_index, row in enumerate(rows):
         row["env_steps"] = start_steps + (row_index // args.num_seeds + 1) * steps_per_update
@@ -116,6 +126,13 @@ def main(argv: list[str] | None = None) -> None:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
+    if options.save:
+        Path(options.save).mkdir(parents=True)
+        logger.write_args_json(
+            Path(options.save), args, {"algorithm": "unizero", "jaxzoo_version": checkpoint.package_version()}
+        )
+        update_index = int(np.asarray(state.env_steps)[0]) // steps_per_update
+        print(f"saved update {update_index} to {checkpoint.save(options.save, update_index, state)}")
     sys.stdout.flush()
 
 
