@@ -1,7 +1,7 @@
 """What a Breakout-MinAtar UniZero run's replay says about its values, read-only
 (docs/unizero.md, "The 10-brick trap").
 
-    python benchmarks/unizero_breakout_replay.py RUN_DIR [--samples 20000]
+    python benchmarks/unizero_breakout_replay.py RUN_DIR [--samples 20000] [--episode-tail 12]
 
 From the newest checkpoint's replay (the last buffer_size transitions of each
 seed), grouped by the bricks left on the screen (channel 3 of the 10x10x4
@@ -18,7 +18,12 @@ observation; 30 at the start, one fewer per reward):
 - toward ball: how often the action moved the paddle toward the ball's column
   (or stayed under it);
 
-then how many bricks were left when each replayed episode ended.
+then how many bricks were left when each replayed episode ended, and, for
+scale, the return of a scripted paddle that moves toward the ball's column
+(from both of the game's two start states). `--episode-tail N` also plays one
+greedy episode of the checkpoint with the noise-free search and prints its
+last N steps: ball and paddle, bricks left, the prior, the search's Q-values
+and the action.
 """
 
 from __future__ import annotations
@@ -27,20 +32,95 @@ import argparse
 import importlib.util
 from pathlib import Path
 
+import gymnax
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxzoo import checkpoint, runner
+from jaxzoo import checkpoint, envs, runner
 from jaxzoo.algos import unizero
 
 HERE = Path(__file__).resolve().parent
+
+
+def tracker_returns() -> list[float]:
+    """Return of the scripted paddle (move toward the ball's column, else stay)
+    from each of Breakout-MinAtar's two start states (the ball enters from the
+    left or the right), one episode each, to the env's time limit."""
+    env, env_params = gymnax.make("Breakout-MinAtar")
+    returns = []
+    for key in jax.random.split(jax.random.key(0), 8):  # eight resets cover both start states
+        obs, env_state = env.reset(key, env_params)
+        start = int(env_state.ball_x)
+        if start in [r[0] for r in returns]:
+            continue
+
+        def body(carry):
+            env_state, total, done, key = carry
+            key, step_key = jax.random.split(key)
+            ball, paddle = env_state.ball_x, env_state.pos
+            action = jnp.where(ball < paddle, 1, jnp.where(ball > paddle, 2, 0))  # 0 stay, 1 left, 2 right
+            _, env_state, reward, terminated, truncated, _ = env.step(step_key, env_state, action, env_params)
+            return env_state, total + reward, terminated | truncated, key
+
+        _, total, _, _ = jax.jit(lambda c: jax.lax.while_loop(lambda c: ~c[2], body, c))(
+            (env_state, jnp.float32(0), jnp.bool_(False), key)
+        )
+        returns.append((start, float(total)))
+    return [r for _, r in sorted(returns)]
+
+
+def greedy_episode_tail(algo, args, state, steps: int) -> None:
+    """Play one greedy episode of seed index 0 (search without noise, one env)
+    on the host, step by step, and print its last `steps` steps."""
+    params = jax.tree.map(lambda x: x[0], state.params)
+    hparams = jax.tree.map(lambda x: x[0], state.hparams)
+    env, env_params = envs.make(args.env_id, 1, **unizero.env_options(args.env_id))
+
+    @jax.jit
+    def act(history, key):
+        out = algo.search(params, history, key, False, hparams)
+        prior = jax.nn.softmax(algo.root_fn(params, history).prior_logits)
+        return out.action, prior[0], out.search_tree.qvalues(jnp.zeros(1, jnp.int32))[0]
+
+    step = jax.jit(lambda key, env_state, action: env.step(key, env_state, action, env_params))
+    key = jax.random.key(0)
+    obs, env_state = env.reset(key, env_params)
+    history = unizero.empty_history(1, args.context_steps, obs.shape[1:], obs.dtype)
+    timestep, log, total = jnp.zeros(1, jnp.int32), [], 0.0
+    while True:
+        key, search_key, step_key = jax.random.split(key, 3)
+        history = unizero.observe(history, obs, timestep)
+        action, prior, q = act(history, search_key)
+        frame = np.asarray(obs[0])
+        ball = tuple(int(i) for i in np.argwhere(frame[..., 1] > 0)[0])
+        paddle = int(np.argwhere(frame[9, :, 0] > 0)[0, 0])
+        obs, env_state, reward, terminated, truncated, _ = step(step_key, env_state, action)
+        total += float(reward[0])
+        log.append(
+            f"| {len(log)} | {ball} | {paddle} | {int(frame[..., 3].sum())} | "
+            f"{' '.join(f'{x:.2f}' for x in np.asarray(prior))} | {' '.join(f'{x:.2f}' for x in np.asarray(q))} | "
+            f"{int(action[0])} | {float(reward[0]):g} |"
+        )
+        done = terminated | truncated
+        history = unizero.record_action(history, action, done)
+        timestep = jnp.where(done, 0, timestep + 1)
+        if bool(done[0]):
+            break
+    print(f"\ngreedy episode (seed index 0, reset key 0): {len(log)} steps, return {total:g}; its last {steps}")
+    print(
+        "| step | ball (row, column) | paddle column | bricks left | prior (stay, left, right) | Q | action | reward |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(log[-steps:]))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir")
     parser.add_argument("--samples", type=int, default=20_000, help="transitions the model's value is computed on")
+    parser.add_argument("--episode-tail", type=int, default=0, help="print the last N steps of a greedy episode")
     options = parser.parse_args(argv)
     spec = importlib.util.spec_from_file_location("eval_checkpoint", HERE / "eval_checkpoint.py")
     eval_checkpoint = importlib.util.module_from_spec(spec)
@@ -102,6 +182,9 @@ def main(argv: list[str] | None = None) -> None:
             )
         left, counts = np.unique(bricks[terminated], return_counts=True)
         print("bricks left when a replayed episode ended:", ", ".join(f"{b}: {c}" for b, c in zip(left, counts)))
+    print("scripted paddle that follows the ball, per start state:", ", ".join(f"{r:g}" for r in tracker_returns()))
+    if options.episode_tail:
+        greedy_episode_tail(algo, args, state, options.episode_tail)
 
 
 if __name__ == "__main__":
