@@ -11,8 +11,8 @@ which the update reads at run time, or of the run's Args that the state's
 shapes do not depend on (`--set`, as in eval_checkpoint.py, e.g.
 `explore_epsilon=0.05`; compiled in). The run
 directory is not written to. With --anneal-lr runs the step size follows
-1e-3 x (1 - update / num_updates) with num_updates from `--schedule-steps`
-(the run's own total would give 0 at its end). Prints the mean return of the
+learning_rate x (1 - update / num_updates) with num_updates from
+`--schedule-steps` (the run's own total would give 0 at its end). Prints the mean return of the
 training episodes ending in each `--window` of env steps, and writes every
 update's metrics to `--out` if given. `--save` writes the continued state as
 a new run directory (args.json with the changes, one checkpoint), which must

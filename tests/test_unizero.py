@@ -3,11 +3,12 @@ a hyperparameter sweep, the command line, bad input."""
 
 import dataclasses
 import importlib.util
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from conftest import assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
+from conftest import ROOT, assert_killed_run_resumes_exactly, assert_videos_show_first_episodes, run_copied_script
 from flax import nnx
 
 from jaxzoo import cli, logger, runner
@@ -72,9 +73,40 @@ def test_same_seed_reruns_identically_and_a_killed_run_resumes_exactly(tiny_run,
             np.testing.assert_allclose(logged, full.metrics[name][seed], rtol=1e-5, err_msg=name)
 
 
+def test_continue_script_trains_on_from_a_checkpoint_into_a_new_run_dir(tiny_run, tmp_path, capsys):
+    """benchmarks/unizero_continue.py restores a finished run's last checkpoint,
+    runs one more update under changed hyperparameters and args, and saves it
+    as a new run directory (never an existing one), leaving the run untouched;
+    eval_checkpoint.py reads the new directory with the changed args."""
+    args, result = tiny_run
+    load = lambda name: importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    spec = load("unizero_continue")
+    continue_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(continue_script)
+    before = {p: p.stat().st_mtime_ns for p in sorted(Path(result.run_dir).rglob("*"))}
+    saved = tmp_path / "continued"
+    options = ["--steps", str(args.steps_per_update), "--chunk", "1", "--hparam", "q_rescale_min_gap=0.01"]
+    continue_script.main([result.run_dir, *options, "--set", "explore_epsilon=0.5", "--save", str(saved)])
+    assert "changed: {'q_rescale_min_gap': 0.01, 'explore_epsilon': 0.5}" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in sorted(Path(result.run_dir).rglob("*"))} == before
+    continued = cli.load_run_args(uz.Args, saved, "unizero")
+    assert (continued.explore_epsilon, continued.q_rescale_min_gap) == (0.5, 0.01)
+    spec = load("eval_checkpoint")
+    eval_checkpoint = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eval_checkpoint)
+    update, returns = eval_checkpoint.evaluate_checkpoint(str(saved))
+    assert update == args.num_updates + 1 and returns.shape == (args.num_seeds, args.eval_episodes)
+    with pytest.raises(SystemExit, match="exists; name a new directory"):
+        continue_script.main([result.run_dir, *options, "--save", str(saved)])
+    with pytest.raises(SystemExit, match="NAME one of learning_rate"):
+        continue_script.main([result.run_dir, "--hparam", "no_such=1"])
+
+
 def test_cli_tiny_run(tmp_path):
     # Same program as tiny_run (2 seeds), so the compilation cache of the session serves it.
-    out = run_copied_script("unizero", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path), "--capture-video"])
+    out = run_copied_script(
+        "unizero", ["--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path), "--capture-video"]
+    )
     assert out.returncode == 0, out.stderr
     assert "greedy evaluation" in out.stdout
     (run_dir,) = tmp_path.iterdir()
@@ -122,8 +154,10 @@ def test_max_grad_norm_zero_turns_clipping_off():
     state = algo.init(jax.random.key(0))
     after, metrics = jax.jit(algo.update, compiler_options=runner.RUN_ONCE)(state)
     assert int(after.gradient_steps) == args.gradient_steps > 0 and float(metrics["grad_norm"]) > 0
-    moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-                for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(after.params)))
+    moved = max(
+        float(np.abs(np.asarray(a) - np.asarray(b)).max())
+        for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(after.params))
+    )
     assert args.learning_rate / 2 < moved <= args.gradient_steps * args.learning_rate * 1.01
 
 
