@@ -49,6 +49,17 @@ def load_args(run_dir: str):
     return module, cli.load_run_args(module.Args, run_dir, algorithm)
 
 
+def restore_state(run_dir: str, module, args, update: int | None = None):
+    """(algo, state [num_seeds, ...], its update, seeds [num_seeds]): the run's
+    training functions built from `args` by `module.make_train`, and its
+    checkpoint at `update` (None: the newest) restored into their state."""
+    algo = module.make_train(args)
+    seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
+    template = jax.eval_shape(lambda s: runner.init_seeds(algo.init, s), seeds)
+    state, restored = checkpoint.restore(run_dir, template, update)
+    return algo, state, restored, seeds
+
+
 def parse_overrides(args, settings: list[str]) -> dict:
     """["FIELD=VALUE", ...] -> {field: value}, each value parsed as the type of
     the run's own value of that field (bool: true / false)."""
@@ -99,10 +110,7 @@ def evaluate_checkpoint(
         args = dataclasses.replace(args, eval_episodes=episodes)
     if overrides:
         args = dataclasses.replace(args, **overrides)  # checked by Args.__post_init__
-    algo = module.make_train(args)
-    seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
-    template = jax.eval_shape(lambda s: runner.init_seeds(algo.init, s), seeds)
-    state, restored = checkpoint.restore(run_dir, template, update)
+    algo, state, restored, seeds = restore_state(run_dir, module, args, update)
     returns = runner.evaluation_program(args, algo.evaluate, args.eval_every)(state, seeds)
     if isinstance(returns, tuple):  # --capture-video runs also return the recording
         returns = returns[0]

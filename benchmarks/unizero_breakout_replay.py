@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxzoo import checkpoint, envs, runner
+from jaxzoo import envs
 from jaxzoo.algos import unizero
 
 HERE = Path(__file__).resolve().parent
@@ -49,26 +49,23 @@ def tracker_returns() -> list[float]:
     from each of Breakout-MinAtar's two start states (the ball enters from the
     left or the right), one episode each, to the env's time limit."""
     env, env_params = gymnax.make("Breakout-MinAtar")
-    returns = []
+
+    def body(carry):
+        env_state, total, done, key = carry
+        key, step_key = jax.random.split(key)
+        ball, paddle = env_state.ball_x, env_state.pos
+        action = jnp.where(ball < paddle, 1, jnp.where(ball > paddle, 2, 0))  # 0 stay, 1 left, 2 right
+        _, env_state, reward, terminated, truncated, _ = env.step(step_key, env_state, action, env_params)
+        return env_state, total + reward, terminated | truncated, key
+
+    play = jax.jit(lambda carry: jax.lax.while_loop(lambda c: ~c[2], body, carry))
+    returns: dict[int, float] = {}  # ball's start column -> return
     for key in jax.random.split(jax.random.key(0), 8):  # eight resets cover both start states
-        obs, env_state = env.reset(key, env_params)
+        _, env_state = env.reset(key, env_params)
         start = int(env_state.ball_x)
-        if start in [r[0] for r in returns]:
-            continue
-
-        def body(carry):
-            env_state, total, done, key = carry
-            key, step_key = jax.random.split(key)
-            ball, paddle = env_state.ball_x, env_state.pos
-            action = jnp.where(ball < paddle, 1, jnp.where(ball > paddle, 2, 0))  # 0 stay, 1 left, 2 right
-            _, env_state, reward, terminated, truncated, _ = env.step(step_key, env_state, action, env_params)
-            return env_state, total + reward, terminated | truncated, key
-
-        _, total, _, _ = jax.jit(lambda c: jax.lax.while_loop(lambda c: ~c[2], body, c))(
-            (env_state, jnp.float32(0), jnp.bool_(False), key)
-        )
-        returns.append((start, float(total)))
-    return [r for _, r in sorted(returns)]
+        if start not in returns:
+            returns[start] = float(play((env_state, jnp.float32(0), jnp.bool_(False), key))[1])
+    return [returns[start] for start in sorted(returns)]
 
 
 def greedy_episode_tail(algo, args, state, steps: int) -> None:
@@ -128,11 +125,12 @@ def main(argv: list[str] | None = None) -> None:
     module, args = eval_checkpoint.load_args(options.run_dir)
     if module is not unizero or args.env_id != "Breakout-MinAtar":
         raise SystemExit(f"{options.run_dir!r} is not a unizero run on Breakout-MinAtar")
-    algo = unizero.make_train(args)
-    seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
-    template = jax.eval_shape(lambda s: runner.init_seeds(algo.init, s), seeds)
-    state, update = checkpoint.restore(options.run_dir, template, None)
+    algo, state, update, _ = eval_checkpoint.restore_state(options.run_dir, unizero, args)
     print(f"{options.run_dir}: checkpoint of update {update}")
+    # V(obs) of observations [B], each alone at its own timestep: one compile for every seed.
+    values_of = jax.jit(
+        lambda params, o, t: unizero.lone_values(nnx.merge(algo.graphdef, params), o[:, None], t[:, None])[:, 0]
+    )
     for seed_index in range(args.num_seeds):
         buffer = jax.tree.map(lambda x: np.asarray(x[seed_index]), state.buffer)
         data, rows, size = buffer.data, buffer.rows, int(buffer.size)
@@ -154,15 +152,16 @@ def main(argv: list[str] | None = None) -> None:
         top_weight = take(data.search_policy).max(-1)
         root_value = take(data.root_value)
         # The model's value of sampled observations, each alone at its own timestep.
-        world = nnx.merge(algo.graphdef, jax.tree.map(lambda x: x[seed_index], state.params))
-        values_of = jax.jit(lambda o, t: unizero.lone_values(world, o[:, None], t[:, None])[:, 0])
+        seed_params = jax.tree.map(lambda x: x[seed_index], state.params)
         t_index, n_index = np.nonzero(known)
         pick = np.random.default_rng(0).permutation(len(t_index))[: options.samples]
         t_index, n_index = t_index[pick], n_index[pick]
         timesteps = take(data.timestep)[t_index, n_index]
         values = np.concatenate(
             [
-                np.asarray(values_of(obs[t_index[i : i + 2000], n_index[i : i + 2000]], timesteps[i : i + 2000]))
+                np.asarray(
+                    values_of(seed_params, obs[t_index[i : i + 2000], n_index[i : i + 2000]], timesteps[i : i + 2000])
+                )
                 for i in range(0, len(t_index), 2000)
             ]
         )

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxzoo import checkpoint, logger, runner
+from jaxzoo import checkpoint, logger
 from jaxzoo.algos import unizero
 
 HERE = Path(__file__).resolve().parent
@@ -84,10 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     args = dataclasses.replace(args, **arg_changes, **changes)  # Hyperparams fields are Args fields too
     if options.schedule_steps is not None:
         args = dataclasses.replace(args, total_timesteps=options.schedule_steps)
-    algo = unizero.make_train(args)
-    seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)
-    template = jax.eval_shape(lambda s: runner.init_seeds(algo.init, s), seeds)
-    state, update = checkpoint.restore(options.run_dir, template, None)
+    algo, state, update, _ = eval_checkpoint.restore_state(options.run_dir, unizero, args)
     state = state.replace(
         hparams=state.hparams.replace(**{k: jnp.full_like(getattr(state.hparams, k), v) for k, v in changes.items()})
     )
