@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -119,6 +119,17 @@ if [[ $what == breakout-500k-explore ]]; then
       --explore-epsilon 0.1
   done
 fi
+# The annealed run with softer search targets where Q-values nearly tie: the search's min-max
+# rescaling of Q-values divides by at least 1 (one brick) instead of 1e-8, so actions whose Q-values
+# differ by a fraction of a brick get nearly the prior's weights instead of 0 and 1 (docs/unizero.md,
+# "The 10-brick trap": sharp targets from differences of 0.04 keep the collection on one route).
+if [[ $what == breakout-500k-soft ]]; then
+  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
+    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-500k" unizero-minatar-rr0.125-anneal-gap1 "$seed" \
+      --preset breakout-minatar --total-timesteps 500000 --replay-ratio 0.125 --anneal-lr --gamma 0.99 \
+      --q-rescale-min-gap 1.0
+  done
+fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
 # on the same 500k steps and seeds (vmapped in one process; skipped if already there), the tables
 # (training return per 20k window, greedy evaluations) and the figure, over whichever UniZero roots
@@ -129,7 +140,7 @@ if [[ $what == breakout-500k-report ]]; then
       --run-root "$OUT/ppo-breakout-minatar-500k" --exp-name ppo-minatar
   fi
   runs=$(ls -d $OUT/breakout-rr0.125-500k/*/ $OUT/breakout-rr0.125-anneal-500k/*/ \
-    $OUT/breakout-rr0.125-anneal-eps0.1-500k/*/ 2>/dev/null || true)
+    $OUT/breakout-rr0.125-anneal-eps0.1-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-500k/*/ 2>/dev/null || true)
   $PY benchmarks/summarize.py --episode-windows 20000 $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY benchmarks/summarize.py $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY -m jaxzoo.plot $runs $OUT/ppo-breakout-minatar-500k/*/ \
