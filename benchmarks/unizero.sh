@@ -122,12 +122,12 @@ fi
 # The annealed run with softer search targets where Q-values nearly tie: the search's min-max
 # rescaling of Q-values divides by at least 1 (one brick) instead of 1e-8, so actions whose Q-values
 # differ by a fraction of a brick get nearly the prior's weights instead of 0 and 1 (docs/unizero.md,
-# "The 10-brick trap": sharp targets from differences of 0.04 keep the collection on one route).
+# "The 10-brick trap": sharp targets from differences of 0.04 keep the collection on one route);
+# resumable.
 if [[ $what == breakout-500k-soft ]]; then
   for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
     resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-500k" unizero-minatar-rr0.125-anneal-gap1 "$seed" \
-      --preset breakout-minatar --total-timesteps 500000 --replay-ratio 0.125 --anneal-lr --gamma 0.99 \
-      --q-rescale-min-gap 1.0
+      --preset breakout-minatar-500k  # = breakout-500k-anneal's flags and --q-rescale-min-gap 1.0
   done
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
