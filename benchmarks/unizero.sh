@@ -121,7 +121,7 @@ if [[ $what == breakout-500k-explore ]]; then
 fi
 # The annealed run with softer search targets where Q-values nearly tie: the search's min-max
 # rescaling of Q-values divides by at least 1 (one brick) instead of 1e-8, so actions whose Q-values
-# differ by a fraction of a brick get nearly the prior's weights instead of 0 and 1 (docs/unizero.md,
+# differ by a fraction of a brick stay near the prior's weights instead of 0 and 1 (docs/unizero.md,
 # "The 10-brick trap": sharp targets from differences of 0.04 keep the collection on one route);
 # resumable.
 if [[ $what == breakout-500k-soft ]]; then
