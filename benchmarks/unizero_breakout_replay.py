@@ -18,7 +18,15 @@ observation; 30 at the start, one fewer per reward):
 - toward ball: how often the action moved the paddle toward the ball's column
   (or stayed under it);
 
-then how many bricks were left when each replayed episode ended, and, for
+then how many bricks were left when each replayed episode ended; `--before-end`
+(default 1 2 3 4 6 8 12) the steps k before each replayed loss of the ball: the
+ball's row, how far the paddle is from the ball's column, the model's value of
+the root (its real context, as in collection), the model's one-step Q-values
+r + gamma V of each action, the gap Q(toward the ball) - Q(away from it), how
+often the top Q moves toward the ball, the search's weight on that action and
+how often it was taken; the model's value of the frame where the ball has passed
+the paddle (the terminal observation, which no value target reaches: an
+imagined loss is worth what the value head makes of that frame); and, for
 scale, the return of a scripted paddle that moves toward the ball's column
 (from both of the game's two start states). `--episode-tail N` also plays one
 greedy episode of the checkpoint with the noise-free search and prints its
@@ -113,11 +121,75 @@ def greedy_episode_tail(algo, args, state, steps: int) -> None:
     print("\n".join(log[-steps:]))
 
 
+def context_at(obs, action, timestep, index, steps: int) -> unizero.History:
+    """The search root's real context at each time-ordered replay position
+    `index` [M] of one env column each (arrays [T, M, ...] already taken at those
+    columns): the `steps` steps ending there, earlier episodes' steps invalid,
+    the last action not chosen yet (as `unizero.observe` leaves it)."""
+    back = index[:, None] - np.arange(steps)[::-1][None, :]  # [M, C] oldest first
+    column = np.arange(len(index))[:, None]
+    inside = back >= 0
+    at = np.maximum(back, 0)
+    steps_back = np.arange(steps)[::-1][None, :]
+    valid = inside & (timestep[at, column] == timestep[index, column[:, 0]][:, None] - steps_back)
+    actions = np.where(valid, action[at, column], 0)
+    actions[:, -1] = 0
+    return unizero.History(
+        jnp.asarray(obs[at, column]),
+        jnp.asarray(actions, jnp.int32),
+        jnp.asarray(timestep[at, column]),
+        jnp.asarray(valid),
+    )
+
+
+def before_end_rows(model, args, obs, action, timestep, search_policy, terminated, steps_before) -> list[str]:
+    """Table rows for the k steps before each replayed termination (time-ordered
+    arrays [T, N, ...] of one seed; module docstring: --before-end)."""
+    end_t, end_n = np.nonzero(terminated)
+
+    @jax.jit
+    def root_and_q(history):
+        node = unizero.root_node(model, history, 2 * args.num_unroll_steps)
+        root_value = unizero.logits_to_scalar(model.value_head(unizero.last_hidden(model, node)))
+        q = []
+        for a in range(3):  # Breakout-MinAtar: 0 stay, 1 left, 2 right
+            _, reward, _, _, value = unizero.imagine_step(model, node, jnp.full(history.obs.shape[0], a, jnp.int32))
+            q.append(reward + args.gamma * value)
+        return root_value, jnp.stack(q, -1)
+
+    rows = []
+    for k in steps_before:
+        keep = (end_t - k >= 0) & (timestep[end_t, end_n] >= k)  # the same episode, k steps earlier
+        t, n = end_t[keep] - k, end_n[keep]
+        if len(t) == 0:
+            continue
+        columns = lambda x: x[:, n]  # [T, M, ...]: each selected env's column
+        history = context_at(columns(obs), columns(action), columns(timestep), t, args.context_steps)
+        root_value, q = map(np.asarray, root_and_q(history))
+        frame = obs[t, n]  # [M, 10, 10, 4]
+        ball_row, ball_col = frame[..., 1].max(-1).argmax(-1), frame[..., 1].max(-2).argmax(-1)
+        paddle = frame[:, 9, :, 0].argmax(-1)
+        toward = np.where(ball_col < paddle, 1, np.where(ball_col > paddle, 2, 0))
+        away = np.where(ball_col < paddle, 2, np.where(ball_col > paddle, 1, -1))  # -1: under the ball
+        pick = np.arange(len(t))
+        has_away = away >= 0
+        gap = q[pick[has_away], toward[has_away]] - q[pick[has_away], away[has_away]]
+        rows.append(
+            f"| {k} | {len(t)} | {ball_row.mean():.1f} | {np.abs(ball_col - paddle).mean():.1f} | {root_value.mean():.2f} | "
+            f"{' '.join(f'{x:.2f}' for x in q.mean(0))} | {gap.mean():+.3f} | {(q.argmax(-1) == toward).mean():.2f} | "
+            f"{search_policy[t, n][pick, toward].mean():.2f} | {(action[t, n] == toward).mean():.2f} |"
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir")
     parser.add_argument("--samples", type=int, default=20_000, help="transitions the model's value is computed on")
     parser.add_argument("--episode-tail", type=int, default=0, help="print the last N steps of a greedy episode")
+    parser.add_argument(
+        "--before-end", type=int, nargs="*", default=[1, 2, 3, 4, 6, 8, 12], help="steps before each loss to tabulate"
+    )
     options = parser.parse_args(argv)
     spec = importlib.util.spec_from_file_location("eval_checkpoint", HERE / "eval_checkpoint.py")
     eval_checkpoint = importlib.util.module_from_spec(spec)
@@ -181,6 +253,26 @@ def main(argv: list[str] | None = None) -> None:
             )
         left, counts = np.unique(bricks[terminated], return_counts=True)
         print("bricks left when a replayed episode ended:", ", ".join(f"{b}: {c}" for b, c in zip(left, counts)))
+        model = nnx.merge(algo.graphdef, seed_params)
+        if options.before_end and terminated.any():
+            print(
+                "\n| steps before the loss | episodes | ball row | columns from paddle | root value | "
+                "Q (stay, left, right) | Q(toward) - Q(away) | top Q toward | search weight toward | taken toward |"
+            )
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            rows = before_end_rows(
+                model, args, obs, action, take(data.timestep), take(data.search_policy), terminated, options.before_end
+            )
+            print("\n".join(rows))
+        if terminated.any():
+            end_t, end_n = np.nonzero(terminated)
+            final = take(data.final_obs)[end_t, end_n]
+            lost = values_of(seed_params, final, take(data.timestep)[end_t, end_n] + 1)
+            print(
+                f"V(model) of the frame after the ball passed the paddle (terminal observation, {len(end_t)}): "
+                f"mean {float(np.mean(lost)):.3f}, above 0.5 in {float(np.mean(np.asarray(lost) > 0.5)):.1%}; "
+                f"of every sampled frame: {values.mean():.3f}"
+            )
     print("scripted paddle that follows the ball, per start state:", ", ".join(f"{r:g}" for r in tracker_returns()))
     if options.episode_tail:
         greedy_episode_tail(algo, args, state, options.episode_tail)
