@@ -149,6 +149,8 @@ class Args:
     """weight of the value cross-entropy"""
     policy_entropy_coef: Annotated[float, NonNegative] = 0.0
     """weight of a bonus on the policy head's entropy, subtracted from the loss (LightZero's policy_entropy_weight: 1e-4 to 5e-3 in its UniZero configs); 0: none"""
+    advantage_coef: Annotated[float, NonNegative] = 0.0
+    """weight of an advantage-weighted log-likelihood of the replayed actions, advantage = n-step real return - V (normalised per batch): real returns move the prior where the search's Q-values differ too little (docs/unizero.md, Breakout); 0: none (not a Hyperparams field: at 0 the loss compiles without the term)"""
     learning_rate: Annotated[float, Positive] = 1e-4
     """AdamW learning rate"""
     anneal_lr: bool = False
@@ -715,6 +717,23 @@ def n_step_value_targets(rewards, terminated, truncated, window_values, final_va
     return returns + discount * jnp.where(ended, final_values, window_values)
 
 
+def advantage_weighted_nll(policy_logits: jax.Array, actions: jax.Array, advantages: jax.Array) -> jax.Array:
+    """-mean(A_hat * log pi(a | s)) over replayed steps: policy_logits [B, K, A],
+    actions [B, K] (the actions taken), advantages [B, K] (no gradient flows
+    into them). A_hat is the advantage normalised over the batch (zero mean,
+    unit standard deviation, as PPO's), so the term's scale does not depend on
+    the task's returns. Its gradient raises the prior of actions whose real
+    n-step return beat the value prediction and lowers the others: an
+    advantage-weighted regression step (Peng et al. 2019, with linear rather
+    than exponential weights) on replay that is at most buffer_size steps old.
+    Returns []."""
+    advantages = jax.lax.stop_gradient(advantages)
+    normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    log_probs = jax.nn.log_softmax(policy_logits)
+    taken = jnp.take_along_axis(log_probs, actions[..., None].astype(jnp.int32), -1)[..., 0]
+    return -jnp.mean(normalised * taken)
+
+
 def cross_entropy(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
     """[..., n] logits against [..., n] target probabilities -> [...]. By hand, not
     distrax: the targets are soft (two-hot rewards and values, the search's
@@ -968,6 +987,7 @@ def unizero_loss(world: WorldModel, target: WorldModel, windows: Transition, hpa
     policy_loss = jnp.mean(cross_entropy(policy_logits, windows.search_policy[:, :K]))
     value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(value_targets, args.support_size)))
     policy_entropy = jnp.mean(distrax.Categorical(logits=policy_logits).entropy())
+    value_predictions = logits_to_scalar(value_logits)
     total = (
         hparams.latent_coef * latent_loss
         + hparams.reward_coef * reward_loss
@@ -975,6 +995,13 @@ def unizero_loss(world: WorldModel, target: WorldModel, windows: Transition, hpa
         + hparams.value_coef * value_loss
         - hparams.policy_entropy_coef * policy_entropy  # keeps the prior from collapsing onto noisy targets
     )
+    metrics = {}  # the optional terms' own losses
+    if args.advantage_coef > 0:  # static: at 0 the compiled loss is the one without the term, bit for bit
+        # The search's policy target only sees the model's Q-values; this term sees
+        # the real returns of the actions taken (docs/unizero.md, "Why the wall holds").
+        advantages = value_targets - value_predictions
+        metrics["advantage_loss"] = advantage_weighted_nll(policy_logits, windows.action[:, :K], advantages)
+        total = total + args.advantage_coef * metrics["advantage_loss"]
     return total, {
         "loss": total,
         "latent_loss": latent_loss,
@@ -982,8 +1009,9 @@ def unizero_loss(world: WorldModel, target: WorldModel, windows: Transition, hpa
         "policy_loss": policy_loss,
         "value_loss": value_loss,
         "value_target": value_targets.mean(),
-        "value_prediction": logits_to_scalar(value_logits).mean(),
+        "value_prediction": value_predictions.mean(),
         "policy_entropy": policy_entropy,
+        **metrics,
     }
 
 

@@ -250,14 +250,12 @@ def test_q_rescale_min_gap_keeps_small_q_gaps_small(algo_and_params):
     assert np.abs(sharp - prior).max() > 0.1
 
 
-def test_policy_entropy_bonus_is_subtracted_from_the_loss(algo_and_params):
-    """unizero_loss with policy_entropy_coef c is the loss without it minus c x
-    the policy head's mean entropy, which the metrics report."""
-    args, algo, params, _ = algo_and_params
-    B, L = 4, args.window_length
-    keys = jax.random.split(jax.random.key(3), 4)
+def random_windows(args, algo, seed=3, B=4) -> uz.Transition:
+    """B replayed windows of random observations, actions, rewards and search policies."""
+    L = args.window_length
+    keys = jax.random.split(jax.random.key(seed), 4)
     obs = jax.random.normal(keys[0], (B, L) + algo.spec.obs_shape)
-    windows = uz.Transition(
+    return uz.Transition(
         obs=obs,
         action=jax.random.randint(keys[1], (B, L), 0, algo.spec.num_actions),
         reward=jax.random.normal(keys[2], (B, L)),
@@ -268,6 +266,13 @@ def test_policy_entropy_bonus_is_subtracted_from_the_loss(algo_and_params):
         search_policy=jax.nn.softmax(jax.random.normal(keys[3], (B, L, algo.spec.num_actions))),
         root_value=jnp.zeros((B, L)),
     )
+
+
+def test_policy_entropy_bonus_is_subtracted_from_the_loss(algo_and_params):
+    """unizero_loss with policy_entropy_coef c is the loss without it minus c x
+    the policy head's mean entropy, which the metrics report."""
+    args, algo, params, _ = algo_and_params
+    windows = random_windows(args, algo)
     hparams = uz.Hyperparams.from_args(args)
     world = lambda: nnx.merge(algo.graphdef, params)
     loss = jax.jit(lambda hp: uz.unizero_loss(world(), world(), windows, hp, jax.random.key(4), args))
@@ -275,6 +280,39 @@ def test_policy_entropy_bonus_is_subtracted_from_the_loss(algo_and_params):
     bonus, _ = loss(hparams.replace(policy_entropy_coef=jnp.float32(0.5)))
     assert 0 < float(metrics["policy_entropy"]) <= np.log(algo.spec.num_actions) + 1e-6
     np.testing.assert_allclose(bonus, plain - 0.5 * metrics["policy_entropy"], rtol=1e-6, atol=1e-6)
+
+
+def test_advantage_weighted_nll_against_numpy_and_its_gradient_direction():
+    """-mean(A_hat log pi(a)) with A_hat the batch-normalised advantage; its
+    gradient raises the logit of an action that beat the value and lowers one
+    that fell short; equal advantages (A_hat = 0) give 0."""
+    logits = jax.random.normal(jax.random.key(0), (2, 3, 4))
+    actions = jnp.array([[0, 1, 2], [3, 0, 1]])
+    advantages = jnp.array([[2.0, -1.0, 0.5], [0.0, 3.0, -2.0]])
+    a = np.asarray(advantages)
+    normalised = (a - a.mean()) / (a.std() + 1e-8)
+    log_probs = np.asarray(jax.nn.log_softmax(logits))
+    taken = np.take_along_axis(log_probs, np.asarray(actions)[..., None], -1)[..., 0]
+    loss = uz.advantage_weighted_nll(logits, actions, advantages)
+    np.testing.assert_allclose(loss, -np.mean(normalised * taken), rtol=1e-5)
+    grad = jax.grad(uz.advantage_weighted_nll)(logits, actions, advantages)  # descent moves against it
+    assert grad[1, 1, 0] < 0 < grad[0, 1, 1]  # A = 3 (best): logit of action 0 up; A = -1: logit of action 1 down
+    assert float(uz.advantage_weighted_nll(logits, actions, jnp.full((2, 3), 1.7))) == 0.0
+
+
+def test_advantage_coef_adds_its_term_and_leaves_the_loss_alone_at_zero(algo_and_params):
+    """unizero_loss with advantage_coef c is the loss at 0 plus c x the
+    advantage term it reports; at 0 no term is computed or reported."""
+    args, algo, params, _ = algo_and_params
+    windows = random_windows(args, algo, seed=5)
+    hparams = uz.Hyperparams.from_args(args)
+    world = lambda: nnx.merge(algo.graphdef, params)
+    loss = lambda args: jax.jit(lambda: uz.unizero_loss(world(), world(), windows, hparams, jax.random.key(4), args))()
+    plain, plain_metrics = loss(args)
+    with_term, metrics = loss(dataclasses.replace(args, advantage_coef=0.5))
+    assert "advantage_loss" not in plain_metrics
+    assert float(metrics["advantage_loss"]) != 0.0
+    np.testing.assert_allclose(with_term, plain + 0.5 * metrics["advantage_loss"], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("anneal", [False, True])
