@@ -150,7 +150,7 @@ class Args:
     policy_entropy_coef: Annotated[float, NonNegative] = 0.0
     """weight of a bonus on the policy head's entropy, subtracted from the loss (LightZero's policy_entropy_weight: 1e-4 to 5e-3 in its UniZero configs); 0: none"""
     advantage_coef: Annotated[float, NonNegative] = 0.0
-    """weight of an advantage-weighted log-likelihood of the replayed actions, advantage = n-step real return - V (normalised per batch): real returns move the prior where the search's Q-values differ too little (docs/unizero.md, Breakout); 0: none (not a Hyperparams field: at 0 the loss compiles without the term)"""
+    """weight of an advantage-weighted regression of the prior onto the replayed actions (AWR: weights exp(advantage), advantage = n-step real return - V normalised per batch, at most 20): real returns move the prior where the search's Q-values differ too little (docs/unizero.md, Breakout); 0: none (not a Hyperparams field: at 0 the loss compiles without the term)"""
     learning_rate: Annotated[float, Positive] = 1e-4
     """AdamW learning rate"""
     anneal_lr: bool = False
@@ -717,21 +717,34 @@ def n_step_value_targets(rewards, terminated, truncated, window_values, final_va
     return returns + discount * jnp.where(ended, final_values, window_values)
 
 
-def advantage_weighted_nll(policy_logits: jax.Array, actions: jax.Array, advantages: jax.Array) -> jax.Array:
-    """-mean(A_hat * log pi(a | s)) over replayed steps: policy_logits [B, K, A],
-    actions [B, K] (the actions taken), advantages [B, K] (no gradient flows
-    into them). A_hat is the advantage normalised over the batch (zero mean,
-    unit standard deviation, as PPO's), so the term's scale does not depend on
-    the task's returns. Its gradient raises the prior of actions whose real
-    n-step return beat the value prediction and lowers the others: an
-    advantage-weighted regression step (Peng et al. 2019, with linear rather
-    than exponential weights) on replay that is at most buffer_size steps old.
-    Returns []."""
+def advantage_weighted_nll(
+    policy_logits: jax.Array,
+    actions: jax.Array,
+    advantages: jax.Array,
+    temperature: float = 1.0,
+    max_weight: float = 20.0,
+) -> jax.Array:
+    """Advantage-weighted regression of the prior onto the replayed actions
+    (Peng et al. 2019, AWR): -mean(w log pi(a | s)) with
+    w = min(exp(A_hat / temperature), max_weight), A_hat the advantage
+    normalised over the batch (zero mean, unit standard deviation, as PPO's),
+    so the weights do not depend on the task's returns. policy_logits
+    [B, K, A], actions [B, K] (the actions taken), advantages [B, K] (no
+    gradient flows into them). Returns [].
+
+    The weights are positive, so the loss is bounded below by 0 and its
+    minimiser is pi(a | s) proportional to mu(a | s) exp(A / temperature), mu
+    the replayed actions' policy: actions whose real return beat the value
+    prediction gain prior mass, the others lose it. Linear weights (A_hat
+    itself, as a policy gradient without PPO's clipping) are not bounded: on
+    Breakout-MinAtar they drove the log-probabilities of actions with negative
+    advantages toward minus infinity (docs/unizero.md, Breakout)."""
     advantages = jax.lax.stop_gradient(advantages)
     normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    weights = jnp.minimum(jnp.exp(normalised / temperature), max_weight)
     log_probs = jax.nn.log_softmax(policy_logits)
     taken = jnp.take_along_axis(log_probs, actions[..., None].astype(jnp.int32), -1)[..., 0]
-    return -jnp.mean(normalised * taken)
+    return -jnp.mean(weights * taken)
 
 
 def cross_entropy(logits: jax.Array, target_probs: jax.Array) -> jax.Array:

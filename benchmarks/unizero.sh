@@ -141,10 +141,11 @@ if [[ $what == breakout-500k-td10 ]]; then
       --preset breakout-minatar-500k --td-steps 10
   done
 fi
-# breakout-500k-soft with real returns in the prior's update: an advantage-weighted log-likelihood of
-# the replayed actions (advantage = 5-step return - V, normalised per batch; --advantage-coef 1), as
-# the one-step Q-values of the model barely differ before a loss (docs/unizero.md, "Why the wall
-# holds") while the real returns of the actions taken do; resumable.
+# breakout-500k-soft with real returns in the prior's update: advantage-weighted regression of the
+# prior onto the replayed actions (Peng et al. 2019; weights exp(advantage), advantage = 5-step return
+# - V normalised per batch; --advantage-coef 1), as the one-step Q-values of the model barely differ
+# before a loss (docs/unizero.md, "Why the wall holds") while the real returns of the actions taken
+# do; resumable. (A first version with linear weights, unbounded below, is in docs/unizero.md.)
 if [[ $what == breakout-500k-adv ]]; then
   for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
     resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-adv1-500k" unizero-minatar-rr0.125-anneal-gap1-adv1 "$seed" \

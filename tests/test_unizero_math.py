@@ -58,7 +58,9 @@ def test_h_transform_round_trip_and_two_hot_mass():
     # Beyond the support the mass sits on the edge bin.
     np.testing.assert_allclose(uz.two_hot(jnp.array([80.0]), 101)[0, -1], 1.0)
     # The scalar decoded from a (near) two-hot distribution is the original scalar.
-    np.testing.assert_allclose(uz.logits_to_scalar(jnp.log(uz.scalar_to_probs(x, 101) + 1e-12)), x, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(
+        uz.logits_to_scalar(jnp.log(uz.scalar_to_probs(x, 101) + 1e-12)), x, rtol=1e-3, atol=1e-3
+    )
 
 
 # ------------------------------------------------------------ model and search
@@ -68,7 +70,9 @@ def test_causal_mask_later_tokens_never_change_earlier_outputs(algo_and_params):
     obs = jax.random.normal(jax.random.key(0), (batch, K) + algo.spec.obs_shape)
     action = jax.random.randint(jax.random.key(1), (batch, K), 0, algo.spec.num_actions)
     ones = jnp.ones((batch, K), bool)
-    w = uz.Window(obs, action, jnp.broadcast_to(jnp.arange(K) + 3, (batch, K)), jnp.zeros((batch, K), jnp.int32), ones, ones)
+    w = uz.Window(
+        obs, action, jnp.broadcast_to(jnp.arange(K) + 3, (batch, K)), jnp.zeros((batch, K), jnp.int32), ones, ones
+    )
     out = forward(params, w)
     for j in range(1, K):
         changed = w._replace(obs=w.obs.at[:, j].add(1.0), action=w.action.at[:, j].set((w.action[:, j] + 1) % 2))
@@ -167,7 +171,9 @@ def test_search_explores_in_collection_and_is_greedy_in_evaluation(algo_and_para
 
 
 def test_history_forgets_ended_episodes():
-    h = uz.History(jnp.zeros((2, 3, 1)), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3), bool))
+    h = uz.History(
+        jnp.zeros((2, 3, 1)), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3), bool)
+    )
     h = uz.observe(h, jnp.ones((2, 1)), jnp.array([0, 0]))
     h = uz.record_action(h, jnp.array([1, 1]), jnp.array([False, True]))
     h = uz.observe(h, 2 * jnp.ones((2, 1)), jnp.array([1, 0]))
@@ -208,8 +214,12 @@ def test_n_step_value_targets_against_a_loop():
     stop = np.asarray(uz.stop_rows(jnp.asarray(terminated), jnp.asarray(truncated), K, n))
     at_stop = np.take_along_axis(final_values, stop, 1)  # the loss computes V(final obs) only at these rows
     got = uz.n_step_value_targets(*map(jnp.asarray, (rewards, terminated, truncated, window_values, at_stop)), 0.997, n)
-    np.testing.assert_allclose(got, value_targets_loop(rewards, terminated, truncated, window_values, final_values,
-                                                       0.997, n), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        got,
+        value_targets_loop(rewards, terminated, truncated, window_values, final_values, 0.997, n),
+        rtol=1e-5,
+        atol=1e-4,
+    )
 
 
 def test_truncation_bootstraps_from_the_final_observation_termination_does_not():
@@ -282,22 +292,35 @@ def test_policy_entropy_bonus_is_subtracted_from_the_loss(algo_and_params):
     np.testing.assert_allclose(bonus, plain - 0.5 * metrics["policy_entropy"], rtol=1e-6, atol=1e-6)
 
 
-def test_advantage_weighted_nll_against_numpy_and_its_gradient_direction():
-    """-mean(A_hat log pi(a)) with A_hat the batch-normalised advantage; its
-    gradient raises the logit of an action that beat the value and lowers one
-    that fell short; equal advantages (A_hat = 0) give 0."""
+def test_advantage_weighted_regression_against_numpy_and_its_minimiser():
+    """-mean(w log pi(a)), w = min(exp(A_hat), 20) with A_hat the batch-normalised
+    advantage; with one prior for all replayed steps of a state its minimiser
+    is the weighted frequency of the actions taken (AWR's pi ~ mu exp(A)), and
+    equal advantages (w = 1) give the plain negative log-likelihood."""
     logits = jax.random.normal(jax.random.key(0), (2, 3, 4))
     actions = jnp.array([[0, 1, 2], [3, 0, 1]])
-    advantages = jnp.array([[2.0, -1.0, 0.5], [0.0, 3.0, -2.0]])
+    advantages = jnp.array([[2.0, -1.0, 0.5], [0.0, 30.0, -2.0]])  # 30: a weight clipped at 20
     a = np.asarray(advantages)
-    normalised = (a - a.mean()) / (a.std() + 1e-8)
+    weights = np.minimum(np.exp((a - a.mean()) / (a.std() + 1e-8)), 20.0)
     log_probs = np.asarray(jax.nn.log_softmax(logits))
     taken = np.take_along_axis(log_probs, np.asarray(actions)[..., None], -1)[..., 0]
-    loss = uz.advantage_weighted_nll(logits, actions, advantages)
-    np.testing.assert_allclose(loss, -np.mean(normalised * taken), rtol=1e-5)
-    grad = jax.grad(uz.advantage_weighted_nll)(logits, actions, advantages)  # descent moves against it
-    assert grad[1, 1, 0] < 0 < grad[0, 1, 1]  # A = 3 (best): logit of action 0 up; A = -1: logit of action 1 down
-    assert float(uz.advantage_weighted_nll(logits, actions, jnp.full((2, 3), 1.7))) == 0.0
+    np.testing.assert_allclose(
+        uz.advantage_weighted_nll(logits, actions, advantages), -np.mean(weights * taken), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        uz.advantage_weighted_nll(logits, actions, jnp.full((2, 3), 1.7)), -np.mean(taken), rtol=1e-5
+    )
+
+    replayed = jnp.array([[0], [0], [1], [2], [2], [2]])  # six replayed steps of one state, three actions
+    advantages = jnp.array([[1.0], [-0.5], [2.0], [-1.0], [0.0], [-2.0]])
+    a = np.asarray(advantages)[:, 0]
+    w = np.exp((a - a.mean()) / a.std())
+    weighted_frequency = np.array([w[:2].sum(), w[2], w[3:].sum()]) / w.sum()
+    shared = lambda prior_logits: uz.advantage_weighted_nll(
+        jnp.broadcast_to(prior_logits, (6, 1, 3)), replayed, advantages
+    )
+    np.testing.assert_allclose(jax.grad(shared)(jnp.log(jnp.asarray(weighted_frequency))), 0.0, atol=1e-6)
+    assert np.abs(jax.grad(shared)(jnp.zeros(3))).max() > 0.01  # the uniform prior is not the minimiser
 
 
 def test_advantage_coef_adds_its_term_and_leaves_the_loss_alone_at_zero(algo_and_params):
@@ -333,7 +356,9 @@ def test_explore_epsilon_replaces_the_search_action_with_a_uniform_one(algo_and_
     probability explore_epsilon a uniformly random one; replay stores the action
     taken, and the policy target stays the search's weights."""
     args, algo, params, _ = algo_and_params
-    args = dataclasses.replace(args, num_envs=64, buffer_size=64 * (args.window_length + 1), total_timesteps=64 * args.num_steps)
+    args = dataclasses.replace(
+        args, num_envs=64, buffer_size=64 * (args.window_length + 1), total_timesteps=64 * args.num_steps
+    )
     algo = uz.make_train(args)
     state = algo.init(jax.random.key(0)).replace(params=params)
     search_zero = lambda *a: (lambda out: out.replace(action=jnp.zeros_like(out.action)))(algo.search(*a))
