@@ -143,13 +143,15 @@ if [[ $what == breakout-500k-td10 ]]; then
 fi
 # breakout-500k-soft with real returns in the prior's update: advantage-weighted regression of the
 # prior onto the replayed actions (Peng et al. 2019; weights exp(advantage), advantage = 5-step return
-# - V normalised per batch; --advantage-coef 1), as the one-step Q-values of the model barely differ
+# - V normalised per batch), as the one-step Q-values of the model barely differ
 # before a loss (docs/unizero.md, "Why the wall holds") while the real returns of the actions taken
-# do; resumable. (A first version with linear weights, unbounded below, is in docs/unizero.md.)
+# do; ADVANTAGE_COEF (default 1) is the term's weight; resumable. (A first version with linear
+# weights, unbounded below, is in docs/unizero.md.)
 if [[ $what == breakout-500k-adv ]]; then
+  coef=${ADVANTAGE_COEF:-1}
   for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
-    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-adv1-500k" unizero-minatar-rr0.125-anneal-gap1-adv1 "$seed" \
-      --preset breakout-minatar-500k --advantage-coef 1.0
+    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-adv$coef-500k" unizero-minatar-rr0.125-anneal-gap1-adv$coef \
+      "$seed" --preset breakout-minatar-500k --advantage-coef "$coef"
   done
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
@@ -163,7 +165,7 @@ if [[ $what == breakout-500k-report ]]; then
   fi
   runs=$(ls -d $OUT/breakout-rr0.125-500k/*/ $OUT/breakout-rr0.125-anneal-500k/*/ \
     $OUT/breakout-rr0.125-anneal-eps0.1-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-500k/*/ \
-    $OUT/breakout-rr0.125-anneal-gap1-td10-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-adv1-500k/*/ 2>/dev/null || true)
+    $OUT/breakout-rr0.125-anneal-gap1-td10-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-adv[0-9]*-500k/*/ 2>/dev/null || true)
   $PY benchmarks/summarize.py --episode-windows 20000 $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY benchmarks/summarize.py $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY -m jaxzoo.plot $runs $OUT/ppo-breakout-minatar-500k/*/ \
