@@ -717,23 +717,17 @@ def n_step_value_targets(rewards, terminated, truncated, window_values, final_va
     return returns + discount * jnp.where(ended, final_values, window_values)
 
 
-def advantage_weighted_nll(
-    policy_logits: jax.Array,
-    actions: jax.Array,
-    advantages: jax.Array,
-    temperature: float = 1.0,
-    max_weight: float = 20.0,
-) -> jax.Array:
+def advantage_weighted_nll(policy_logits: jax.Array, actions: jax.Array, advantages: jax.Array) -> jax.Array:
     """Advantage-weighted regression of the prior onto the replayed actions
     (Peng et al. 2019, AWR): -mean(w log pi(a | s)) with
-    w = min(exp(A_hat / temperature), max_weight), A_hat the advantage
+    w = min(exp(A_hat), 20) (AWR's weight clip), A_hat the advantage
     normalised over the batch (zero mean, unit standard deviation, as PPO's),
     so the weights do not depend on the task's returns. policy_logits
     [B, K, A], actions [B, K] (the actions taken), advantages [B, K] (no
     gradient flows into them). Returns [].
 
     The weights are positive, so the loss is bounded below by 0 and its
-    minimiser is pi(a | s) proportional to mu(a | s) exp(A / temperature), mu
+    minimiser is pi(a | s) proportional to mu(a | s) exp(A_hat), mu
     the replayed actions' policy: actions whose real return beat the value
     prediction gain prior mass, the others lose it. Linear weights (A_hat
     itself, as a policy gradient without PPO's clipping) are not bounded: on
@@ -741,7 +735,7 @@ def advantage_weighted_nll(
     advantages toward minus infinity (docs/unizero.md, Breakout)."""
     advantages = jax.lax.stop_gradient(advantages)
     normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    weights = jnp.minimum(jnp.exp(normalised / temperature), max_weight)
+    weights = jnp.minimum(jnp.exp(normalised), 20.0)
     log_probs = jax.nn.log_softmax(policy_logits)
     taken = jnp.take_along_axis(log_probs, actions[..., None].astype(jnp.int32), -1)[..., 0]
     return -jnp.mean(weights * taken)
