@@ -244,6 +244,7 @@ def prepare(args, algorithm: str):
 
         video.check_writer()
     parallel.initialize_distributed(args)  # before any other JAX call
+    parallel.split_cpu(args)  # on a CPU, the seeds over every core (before JAX creates its backend)
     if args.resume is None:
         cli.check_run_root(args.run_root)
     elif not Path(args.resume).is_dir():

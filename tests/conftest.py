@@ -19,6 +19,15 @@ os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"]
 ).strip()
 
+# In-process runs (a test calling an algorithm's `main`) keep JAX's one CPU device:
+# the backend is created here, before any test, so runner.prepare's split_cpu (one
+# CPU device per core for multi-seed runs) cannot change the device count for the
+# rest of a session depending on which test ran first. Subprocess runs (the CLI
+# tests) split as a user's runs do.
+import jax  # noqa: E402
+
+jax.devices()
+
 ROOT = Path(__file__).resolve().parent.parent
 # The tests import the installed package (`pip install -e ".[dev]"`): `jaxzoo`,
 # `jaxzoo.algos`, never the folders by their own names.

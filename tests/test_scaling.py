@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
 import os
 import signal
 import socket
@@ -126,8 +127,9 @@ def child_data_resume(out: str) -> None:
     from jaxzoo import logger
 
     def tiny(root):
-        return tiny_args("ppo", str(Path(out).parent / root), num_envs=4, log_every=1, checkpoint_every=1,
-                         parallel="data")
+        return tiny_args(
+            "ppo", str(Path(out).parent / root), num_envs=4, log_every=1, checkpoint_every=1, parallel="data"
+        )
 
     module, args = tiny("straight")
     straight = module.main(args)
@@ -148,8 +150,9 @@ def child_data_resume(out: str) -> None:
     resumed = module.main(module.Args(resume=str(run_dir)))
     leaves = zip(jax.tree.leaves(straight.state), jax.tree.leaves(resumed.state))
     same = all(
-        np.array_equal(*(jax.random.key_data(v) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key) else v
-                         for v in pair))
+        np.array_equal(
+            *(jax.random.key_data(v) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key) else v for v in pair)
+        )
         for pair in leaves
     )
     Path(out).write_text(json.dumps({"code": code, "same": same, "sharding": str(resumed.state.obs.sharding.spec)}))
@@ -255,7 +258,9 @@ def test_data_mode_is_refused_with_a_reason_where_a_file_has_none():
     from jaxzoo import parallel
 
     assert data_mode_algos()[1] == []
-    with pytest.raises(ValueError, match="--parallel data is not supported by this algorithm: a reason; accepted: seeds"):
+    with pytest.raises(
+        ValueError, match="--parallel data is not supported by this algorithm: a reason; accepted: seeds"
+    ):
         parallel.make_layout("data", 1, None, why_no_data="a reason")
 
 
@@ -392,6 +397,81 @@ def test_two_processes_of_two_devices_match_one_process_of_four_and_resume_toget
     )  # every update of every seed logged once across the stop and resume
     assert_close(a["metrics"], b["metrics"], "2 processes")
     np.testing.assert_allclose(b["eval"], a["eval"], rtol=0.1, atol=1e-2)
+
+
+# --------------------------------------------------------------------------- #
+# Seeds on every core of a CPU (parallel.split_cpu)
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize(
+    "parallel, num_seeds, distributed, cores, expected",
+    [
+        ("auto", 8, False, 2, 2),
+        ("auto", 4, False, 16, 4),  # no more devices than seeds
+        ("auto", 6, False, 4, 2),  # the largest count dividing the seeds
+        ("seeds", 4, False, 2, 2),
+        ("auto", 1, False, 16, 1),  # one seed: one device, the program as before
+        ("auto", 3, False, 2, 1),
+        ("off", 8, False, 2, 1),
+        ("data", 8, False, 2, 1),  # data mode keeps the device count it is given
+        ("auto", 8, True, 2, 1),  # a cluster's device count is the cluster's
+    ],
+)
+def test_cpu_split_is_the_largest_core_count_dividing_the_seeds(parallel, num_seeds, distributed, cores, expected):
+    from jaxzoo import parallel as parallel_module
+
+    assert parallel_module.cpu_split(parallel, num_seeds, distributed, cores) == expected
+
+
+SPLIT_CHILD = """
+import sys, types
+from jaxzoo import parallel
+import jax
+if sys.argv[1] == "initialized":
+    jax.devices()
+asked = parallel.split_cpu(types.SimpleNamespace(parallel=sys.argv[2], num_seeds=4, distributed=False))
+print(asked, len(jax.devices("cpu")))
+"""
+
+
+def split_child(xla_flags: str, *argv: str) -> tuple[int, int]:
+    env = dict(os.environ, XLA_FLAGS=xla_flags)
+    done = subprocess.run(
+        [sys.executable, "-c", SPLIT_CHILD, *argv], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    asked, devices = (int(v) for v in done.stdout.split()[-2:])
+    return asked, devices
+
+
+def test_split_cpu_gives_a_fresh_process_one_device_per_core_unless_told_otherwise():
+    from jaxzoo import parallel
+
+    cores = math.gcd(4, parallel.available_cores())
+    assert split_child("", "fresh", "auto") == ((cores, cores) if cores > 1 else (1, 1))
+    assert split_child("", "fresh", "off") == (1, 1)  # --parallel off: one device
+    # A device count the user set wins, and a backend that exists is left alone.
+    assert split_child("--xla_force_host_platform_device_count=1", "fresh", "auto") == (1, 1)
+    assert split_child("--xla_force_host_platform_device_count=3", "fresh", "auto") == (1, 3)
+    assert split_child("", "initialized", "auto") == (1, 1)
+
+
+def test_a_multi_seed_cli_run_shards_its_seeds_over_the_cores(tmp_path):
+    """A user's command, unchanged: 2 seeds on a CPU of 2 or more cores run on 2 devices."""
+    from jaxzoo import parallel
+
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f)
+    done = subprocess.run(
+        [sys.executable, "algos/ppo.py", "--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = "seeds sharded over 2 cpu devices" if parallel.available_cores() >= 2 else "on 1 device (cpu)"
+    assert expected in done.stdout + done.stderr
 
 
 if __name__ == "__main__":
