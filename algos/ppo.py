@@ -76,7 +76,7 @@ class Args:
     compile_cache: bool = True
     """JAX persistent compilation cache: a second run of the same command skips compiling"""
     parallel: Literal["auto", "seeds", "data", "off"] = "auto"
-    """devices: seeds shards the seed axis, data shards one run's data and averages gradients (off: one device; auto: seeds over the devices that divide num_seeds; docs/scaling.md)"""
+    """devices: seeds shards the seed axis, data shards one run's data and averages gradients (off: one device; auto: seeds over the devices that divide num_seeds, on a CPU one device per core; docs/scaling.md)"""
     distributed: bool = False
     """join a multi-process run with jax.distributed (SLURM, Open MPI, TPU pods detected; else pass the next three)"""
     coordinator_address: str | None = None
