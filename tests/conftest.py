@@ -19,15 +19,6 @@ os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"]
 ).strip()
 
-# In-process runs (a test calling an algorithm's `main`) keep JAX's one CPU device:
-# the backend is created here, before any test, so runner.prepare's split_cpu (one
-# CPU device per core for multi-seed runs) cannot change the device count for the
-# rest of a session depending on which test ran first. Subprocess runs (the CLI
-# tests) split as a user's runs do.
-import jax  # noqa: E402
-
-jax.devices()
-
 ROOT = Path(__file__).resolve().parent.parent
 # The tests import the installed package (`pip install -e ".[dev]"`): `jaxzoo`,
 # `jaxzoo.algos`, never the folders by their own names.
@@ -35,6 +26,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Modules whose tests share no fixture: their tests go to whichever worker is free.
 SPREAD_MODULES = ("test_notebooks", "test_fault_injection", "test_registry", "test_scaling")
+
+
+def pytest_configure(config):
+    """In-process runs (a test calling an algorithm's `main`) keep JAX's one CPU
+    device: the backend is created here, in pytest's process and each worker's,
+    before any test, so runner.prepare's split_cpu (one CPU device per core for
+    multi-seed runs) cannot change the device count for the rest of a session
+    depending on which test ran first. A hook, not an import-time call: child
+    scripts that import this file (tests/test_scaling.py's) must still be able to
+    call jax.distributed.initialize before JAX starts. Subprocess runs (the CLI
+    tests) split as a user's runs do."""
+    import jax
+
+    jax.devices()
 
 
 def pytest_collection_modifyitems(items):
