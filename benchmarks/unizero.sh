@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -165,6 +165,18 @@ if [[ $what == breakout-500k-floor ]]; then
       "$seed" --preset breakout-minatar-500k --q-rescale-min-gap "$floor"
   done
 fi
+# breakout-500k-soft with PPO's entropy bonus on the prior: ENTROPY_COEF (default 0.01, PPO's) times
+# the policy head's entropy subtracted from the loss, so that where the search's targets equal the prior
+# (Q-values within the floor) the prior drifts toward uniform, as PPO's policy does where its
+# advantages tie, instead of keeping an old route's preference (docs/unizero.md, "Why the wall
+# holds"); resumable.
+if [[ $what == breakout-500k-entropy ]]; then
+  coef=${ENTROPY_COEF:-0.01}
+  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
+    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-ent$coef-500k" unizero-minatar-rr0.125-anneal-gap1-ent$coef \
+      "$seed" --preset breakout-minatar-500k --policy-entropy-coef "$coef"
+  done
+fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
 # on the same 500k steps and seeds (vmapped in one process; skipped if already there), the tables
 # (training return per 20k window, greedy evaluations) and the figure, over whichever UniZero roots
@@ -177,7 +189,7 @@ if [[ $what == breakout-500k-report ]]; then
   runs=$(ls -d $OUT/breakout-rr0.125-500k/*/ $OUT/breakout-rr0.125-anneal-500k/*/ \
     $OUT/breakout-rr0.125-anneal-eps0.1-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-500k/*/ \
     $OUT/breakout-rr0.125-anneal-gap1-td10-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-adv[0-9]*-500k/*/ \
-    $OUT/breakout-rr0.125-anneal-floor[0-9]*-500k/*/ 2>/dev/null || true)
+    $OUT/breakout-rr0.125-anneal-floor[0-9]*-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-ent[0-9]*-500k/*/ 2>/dev/null || true)
   $PY benchmarks/summarize.py --episode-windows 20000 $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY benchmarks/summarize.py $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY -m jaxzoo.plot $runs $OUT/ppo-breakout-minatar-500k/*/ \
