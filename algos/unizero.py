@@ -149,6 +149,8 @@ class Args:
     """weight of the value cross-entropy"""
     policy_entropy_coef: Annotated[float, NonNegative] = 0.0
     """weight of a bonus on the policy head's entropy, subtracted from the loss (LightZero's policy_entropy_weight: 1e-4 to 5e-3 in its UniZero configs); 0: none"""
+    terminal_value_coef: Annotated[float, NonNegative] = 0.0
+    """weight of a value cross-entropy toward 0 on the frame after each termination (MuZero's absorbing state: nothing follows an episode's end), read alone as the search reads a node; without it the value head never sees those frames and the search may value an imagined loss like a catch (docs/unizero.md, Breakout); 0: none (at 0 the loss compiles without the term)"""
     advantage_coef: Annotated[float, NonNegative] = 0.0
     """weight of an advantage-weighted regression of the prior onto the replayed actions (AWR: weights exp(advantage), advantage = n-step real return - V normalised per batch, at most 20): real returns move the prior where the search's Q-values differ too little (docs/unizero.md, Breakout); 0: none (not a Hyperparams field: at 0 the loss compiles without the term)"""
     learning_rate: Annotated[float, Positive] = 1e-4
@@ -570,9 +572,9 @@ def root_node(model: WorldModel, history: History, width: int) -> SearchNode:
     )
 
 
-def lone_values(model: WorldModel, obs: jax.Array, timestep: jax.Array) -> jax.Array:
-    """V(obs) with no history: each latent alone at position 2 timestep.
-    obs [B, T, *obs_shape], timestep [B, T] -> values [B, T]."""
+def lone_value_logits(model: WorldModel, obs: jax.Array, timestep: jax.Array) -> jax.Array:
+    """Value logits of obs with no history: each latent alone at position 2 timestep.
+    obs [B, T, *obs_shape], timestep [B, T] -> logits [B, T, support]."""
     latents = model.encoder(obs)
     batch, steps, dim = latents.shape
     hidden = model.transformer(
@@ -580,7 +582,13 @@ def lone_values(model: WorldModel, obs: jax.Array, timestep: jax.Array) -> jax.A
         2 * timestep.reshape(batch * steps, 1),
         jnp.ones((batch * steps, 1, 1), bool),
     )
-    return logits_to_scalar(model.value_head(hidden[:, 0])).reshape(batch, steps)
+    logits = model.value_head(hidden[:, 0])
+    return logits.reshape(batch, steps, logits.shape[-1])
+
+
+def lone_values(model: WorldModel, obs: jax.Array, timestep: jax.Array) -> jax.Array:
+    """V(obs) with no history. obs [B, T, *obs_shape], timestep [B, T] -> values [B, T]."""
+    return logits_to_scalar(lone_value_logits(model, obs, timestep))
 
 
 # --------------------------------------------------------------------------- #
@@ -1003,6 +1011,17 @@ def unizero_loss(world: WorldModel, target: WorldModel, windows: Transition, hpa
         - hparams.policy_entropy_coef * policy_entropy  # keeps the prior from collapsing onto noisy targets
     )
     metrics = {}  # the optional terms' own losses
+    if args.terminal_value_coef > 0:  # static: at 0 the compiled loss is the one without the term, bit for bit
+        # An episode's last frame is never a row's observation (the next row is the
+        # reset's), so no value target reaches it, yet the dynamics predicts its latent
+        # and the search values it. MuZero's absorbing state: its value is 0.
+        terminal = windows.terminated[:, :K].astype(jnp.float32)  # [B, K]
+        terminal_logits = lone_value_logits(world, windows.final_obs[:, :K], windows.timestep[:, :K] + 1)
+        zero_probs = scalar_to_probs(jnp.zeros_like(terminal), args.support_size)
+        metrics["terminal_value_loss"] = jnp.sum(terminal * cross_entropy(terminal_logits, zero_probs)) / jnp.maximum(
+            terminal.sum(), 1.0
+        )
+        total = total + args.terminal_value_coef * metrics["terminal_value_loss"]
     if args.advantage_coef > 0:  # static: at 0 the compiled loss is the one without the term, bit for bit
         # The search's policy target only sees the model's Q-values; this term sees
         # the real returns of the actions taken (docs/unizero.md, "Why the wall holds").

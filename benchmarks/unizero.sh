@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-terminal|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -177,6 +177,17 @@ if [[ $what == breakout-500k-entropy ]]; then
       "$seed" --preset breakout-minatar-500k --policy-entropy-coef "$coef"
   done
 fi
+# breakout-500k-soft with MuZero's absorbing state: TERMINAL_VALUE_COEF (default 0.5, the value loss's
+# own weight) times a value cross-entropy toward 0 on the frame after each termination, which no
+# value target reached before, so that the search stops valuing an imagined lost ball like a caught
+# one (docs/unizero.md, "The lost ball's value"); resumable.
+if [[ $what == breakout-500k-terminal ]]; then
+  coef=${TERMINAL_VALUE_COEF:-0.5}
+  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
+    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-tv$coef-500k" unizero-minatar-rr0.125-anneal-gap1-tv$coef \
+      "$seed" --preset breakout-minatar-500k --terminal-value-coef "$coef"
+  done
+fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
 # on the same 500k steps and seeds (vmapped in one process; skipped if already there), the tables
 # (training return per 20k window, greedy evaluations) and the figure, over whichever UniZero roots
@@ -189,7 +200,7 @@ if [[ $what == breakout-500k-report ]]; then
   runs=$(ls -d $OUT/breakout-rr0.125-500k/*/ $OUT/breakout-rr0.125-anneal-500k/*/ \
     $OUT/breakout-rr0.125-anneal-eps0.1-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-500k/*/ \
     $OUT/breakout-rr0.125-anneal-gap1-td10-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-adv[0-9]*-500k/*/ \
-    $OUT/breakout-rr0.125-anneal-floor[0-9]*-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-ent[0-9]*-500k/*/ 2>/dev/null || true)
+    $OUT/breakout-rr0.125-anneal-floor[0-9]*-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-ent[0-9]*-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-tv[0-9]*-500k/*/ 2>/dev/null || true)
   $PY benchmarks/summarize.py --episode-windows 20000 $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY benchmarks/summarize.py $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY -m jaxzoo.plot $runs $OUT/ppo-breakout-minatar-500k/*/ \

@@ -338,6 +338,39 @@ def test_advantage_coef_adds_its_term_and_leaves_the_loss_alone_at_zero(algo_and
     np.testing.assert_allclose(with_term, plain + 0.5 * metrics["advantage_loss"], rtol=1e-6, atol=1e-6)
 
 
+def test_terminal_value_coef_trains_the_frame_after_a_termination_toward_zero(algo_and_params):
+    """With terminal_value_coef c the loss is the loss at 0 plus c x the reported
+    term: the value cross-entropy toward 0 of the final observations of the
+    terminated rows among the first K, each read alone (its timestep + 1), and
+    nothing of the others; at 0 no term is computed or reported."""
+    args, algo, params, _ = algo_and_params
+    K = args.num_unroll_steps
+    windows = random_windows(args, algo, seed=6)
+    terminated = jnp.zeros_like(windows.terminated).at[0, 1].set(True).at[2, K - 1].set(True).at[3, K].set(True)
+    windows = windows._replace(terminated=terminated)  # row K of window 3: past the trained rows, not counted
+    hparams = uz.Hyperparams.from_args(args)
+    world = lambda: nnx.merge(algo.graphdef, params)
+    loss = lambda args: jax.jit(lambda: uz.unizero_loss(world(), world(), windows, hparams, jax.random.key(4), args))()
+    plain, plain_metrics = loss(args)
+    with_term, metrics = loss(dataclasses.replace(args, terminal_value_coef=0.5))
+    assert "terminal_value_loss" not in plain_metrics
+    np.testing.assert_allclose(with_term, plain + 0.5 * metrics["terminal_value_loss"], rtol=1e-6, atol=1e-6)
+
+    model = world()
+    zero = np.asarray(uz.scalar_to_probs(jnp.zeros(()), args.support_size))
+    expected = []
+    for b, t in [(0, 1), (2, K - 1)]:
+        logits = uz.lone_value_logits(
+            model, windows.final_obs[b : b + 1, t : t + 1], windows.timestep[b : b + 1, t : t + 1] + 1
+        )
+        expected.append(-np.sum(zero * np.asarray(jax.nn.log_softmax(logits[0, 0]))))
+    np.testing.assert_allclose(metrics["terminal_value_loss"], np.mean(expected), rtol=1e-5)
+    np.testing.assert_allclose(
+        uz.lone_values(model, windows.final_obs[:1, :2], windows.timestep[:1, :2]),
+        uz.logits_to_scalar(uz.lone_value_logits(model, windows.final_obs[:1, :2], windows.timestep[:1, :2])),
+    )
+
+
 @pytest.mark.parametrize("anneal", [False, True])
 def test_learning_rate_decays_linearly_over_the_updates_with_anneal_lr(anneal):
     """--anneal-lr: update k = 0 .. N-1 (its collection brings env_steps to
