@@ -323,16 +323,20 @@ def test_advantage_weighted_regression_against_numpy_and_its_minimiser():
     assert np.abs(jax.grad(shared)(jnp.zeros(3))).max() > 0.01  # the uniform prior is not the minimiser
 
 
+def loss_and_metrics(algo, params, args, windows):
+    """unizero_loss of the same parameters as online and target model, jitted."""
+    world = lambda: nnx.merge(algo.graphdef, params)
+    hparams = uz.Hyperparams.from_args(args)
+    return jax.jit(lambda: uz.unizero_loss(world(), world(), windows, hparams, jax.random.key(4), args))()
+
+
 def test_advantage_coef_adds_its_term_and_leaves_the_loss_alone_at_zero(algo_and_params):
     """unizero_loss with advantage_coef c is the loss at 0 plus c x the
     advantage term it reports; at 0 no term is computed or reported."""
     args, algo, params, _ = algo_and_params
     windows = random_windows(args, algo, seed=5)
-    hparams = uz.Hyperparams.from_args(args)
-    world = lambda: nnx.merge(algo.graphdef, params)
-    loss = lambda args: jax.jit(lambda: uz.unizero_loss(world(), world(), windows, hparams, jax.random.key(4), args))()
-    plain, plain_metrics = loss(args)
-    with_term, metrics = loss(dataclasses.replace(args, advantage_coef=0.5))
+    plain, plain_metrics = loss_and_metrics(algo, params, args, windows)
+    with_term, metrics = loss_and_metrics(algo, params, dataclasses.replace(args, advantage_coef=0.5), windows)
     assert "advantage_loss" not in plain_metrics
     assert float(metrics["advantage_loss"]) != 0.0
     np.testing.assert_allclose(with_term, plain + 0.5 * metrics["advantage_loss"], rtol=1e-6, atol=1e-6)
@@ -348,15 +352,12 @@ def test_terminal_value_coef_trains_the_frame_after_a_termination_toward_zero(al
     windows = random_windows(args, algo, seed=6)
     terminated = jnp.zeros_like(windows.terminated).at[0, 1].set(True).at[2, K - 1].set(True).at[3, K].set(True)
     windows = windows._replace(terminated=terminated)  # row K of window 3: past the trained rows, not counted
-    hparams = uz.Hyperparams.from_args(args)
-    world = lambda: nnx.merge(algo.graphdef, params)
-    loss = lambda args: jax.jit(lambda: uz.unizero_loss(world(), world(), windows, hparams, jax.random.key(4), args))()
-    plain, plain_metrics = loss(args)
-    with_term, metrics = loss(dataclasses.replace(args, terminal_value_coef=0.5))
+    plain, plain_metrics = loss_and_metrics(algo, params, args, windows)
+    with_term, metrics = loss_and_metrics(algo, params, dataclasses.replace(args, terminal_value_coef=0.5), windows)
     assert "terminal_value_loss" not in plain_metrics
     np.testing.assert_allclose(with_term, plain + 0.5 * metrics["terminal_value_loss"], rtol=1e-6, atol=1e-6)
 
-    model = world()
+    model = nnx.merge(algo.graphdef, params)
     zero = np.asarray(uz.scalar_to_probs(jnp.zeros(()), args.support_size))
     expected = []
     for b, t in [(0, 1), (2, K - 1)]:
