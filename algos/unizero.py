@@ -150,7 +150,7 @@ class Args:
     policy_entropy_coef: Annotated[float, NonNegative] = 0.0
     """weight of a bonus on the policy head's entropy, subtracted from the loss (LightZero's policy_entropy_weight: 1e-4 to 5e-3 in its UniZero configs); 0: none"""
     terminal_value_coef: Annotated[float, NonNegative] = 0.0
-    """weight of a value cross-entropy toward 0 on the frame after each termination (MuZero's absorbing state: nothing follows an episode's end), read alone as the search reads a node; without it the value head never sees those frames and the search may value an imagined loss like a catch (docs/unizero.md, Breakout); 0: none (at 0 the loss compiles without the term)"""
+    """weight of a value cross-entropy toward 0 on the frame after each termination (MuZero's absorbing state: nothing follows an episode's end), each frame read alone as the truncation bootstrap reads one; without it the value head never sees those frames and the search may value an imagined loss like a catch (docs/unizero.md, Breakout); 0: none (at 0 the loss compiles without the term)"""
     advantage_coef: Annotated[float, NonNegative] = 0.0
     """weight of an advantage-weighted regression of the prior onto the replayed actions (AWR: weights exp(advantage), advantage = n-step real return - V normalised per batch, at most 20): real returns move the prior where the search's Q-values differ too little (docs/unizero.md, Breakout); 0: none (not a Hyperparams field: at 0 the loss compiles without the term)"""
     learning_rate: Annotated[float, Positive] = 1e-4
