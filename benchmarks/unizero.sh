@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-terminal|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-terminal|breakout-500k-puct|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -186,6 +186,19 @@ if [[ $what == breakout-500k-terminal ]]; then
   for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
     resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-tv$coef-500k" unizero-minatar-rr0.125-anneal-gap1-tv$coef \
       "$seed" --preset breakout-minatar-500k --terminal-value-coef "$coef"
+  done
+fi
+# breakout-500k-soft with MuZero's PUCT search instead of Gumbel MuZero, at the same 16 simulations:
+# collection samples from visit counts at TEMPERATURE (default 1.0, MuZero's Atari setting for its first
+# 500k training steps) with Dirichlet noise at the root, and the policy targets are visit counts, so
+# collection varies its routes from the start, as PPO's stochastic policy does (docs/unizero.md, "Why the
+# wall holds": Gumbel's sharp targets replay one route); resumable.
+if [[ $what == breakout-500k-puct ]]; then
+  temperature=${TEMPERATURE:-1.0}
+  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
+    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-puct-t$temperature-500k" \
+      unizero-minatar-rr0.125-anneal-gap1-puct-t$temperature "$seed" --preset breakout-minatar-500k \
+      --search-policy puct --num-simulations 16 --visit-temperature "$temperature"
   done
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
