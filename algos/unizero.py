@@ -135,6 +135,8 @@ class Args:
     """PUCT: weight of the Dirichlet noise in the root prior during collection"""
     visit_temperature: Annotated[float, Positive] = 0.25
     """PUCT: collection samples actions from visit counts ^ (1 / visit_temperature)"""
+    visit_temperature_decay: bool = False
+    """PUCT: collection's visit temperature is visit_temperature x 1, 0.5 and 0.25 in the run's first half, third quarter and last quarter (MuZero's visit_softmax_temperature_fn, Schrittwieser et al. 2020, appendix F: 1.0, 0.5, 0.25 at 0-500k, 500-750k, 750k-1M training steps); off: constant"""
     explore_epsilon: Annotated[float, Fraction] = 0.0
     """probability that a collection step takes a uniformly random action instead of the search's (epsilon-greedy on top of the search, LightZero's eps_greedy_exploration_in_collect; the policy target stays the search's); 0: none"""
     q_rescale_min_gap: Annotated[float, Positive] = 1e-8
@@ -216,6 +218,11 @@ class Args:
                 f"buffer_size={self.buffer_size} holds fewer than window_length + 1 = {self.window_length + 1} rows of "
                 f"num_envs={self.num_envs} transitions; accepted: buffer_size >= "
                 f"{(self.window_length + 1) * self.num_envs}"
+            )
+        if self.visit_temperature_decay and self.search_policy != "puct":
+            raise ValueError(
+                f"visit_temperature_decay=True with search_policy={self.search_policy!r}: only PUCT samples actions "
+                "from visit counts; accepted: --search-policy puct, or no --visit-temperature-decay"
             )
         if self.num_updates < 1:
             raise ValueError(
@@ -794,6 +801,18 @@ def learning_rate_at(args: Args, learning_rate: jax.Array, env_steps: jax.Array)
     return learning_rate * (1.0 - update_index / args.num_updates)
 
 
+def visit_temperature_at(args: Args, visit_temperature: jax.Array, env_steps: jax.Array) -> jax.Array:
+    """PUCT's collection temperature in the update that starts at a seed's
+    `env_steps` []: `visit_temperature`, or with --visit-temperature-decay
+    MuZero's schedule over the run, x 1 / 0.5 / 0.25 while fewer than 1/2 / 3/4 /
+    all of total_timesteps are done (Schrittwieser et al. 2020, appendix F, in
+    training steps; here env steps, proportional at a fixed replay ratio)."""
+    if not args.visit_temperature_decay:
+        return visit_temperature
+    done = env_steps / (args.num_updates * args.steps_per_update)
+    return visit_temperature * jnp.where(done < 0.5, 1.0, jnp.where(done < 0.75, 0.5, 0.25))
+
+
 def make_optimizer(args: Args) -> optax.GradientTransformation:
     """AdamW (betas 0.9 / 0.95) with weight decay on matrices only (LightZero's
     configure_optimizers), after a global-norm clip (`max_grad_norm` 0 turns it
@@ -867,15 +886,19 @@ def tree_search(
 
 
 # ---- Collection and evaluation ----------------------------------------------------------
-def collect_step(env, env_params, search, explore_epsilon: float, state: RunnerState):
+def collect_step(
+    env, env_params, search, explore_epsilon: float, state: RunnerState, visit_temperature: jax.Array | None = None
+):
     """One env step of every env (N), acting with the search (`search(params,
     history, key, explore, hparams)`), or with probability `explore_epsilon`
-    uniformly at random; the step goes to replay. Returns the state and
+    uniformly at random; the step goes to replay. `visit_temperature` (PUCT)
+    replaces the hparams' one for this step (the decay's). Returns the state and
     (episode info, search stats): leaves [N] and []."""
     key, search_key, step_key = jax.random.split(state.key, 3)
     history = observe(state.history, state.obs, state.timestep)
     history = parallel.constrain_data(history)  # --parallel data: the search's root batch is split over devices
-    out = search(state.params, history, search_key, True, state.hparams)
+    hparams = state.hparams if visit_temperature is None else state.hparams.replace(visit_temperature=visit_temperature)
+    out = search(state.params, history, search_key, True, hparams)
     # Epsilon-greedy: its key is folded from the search's, so the other streams (and every run at 0) are unchanged.
     coin_key, random_key = jax.random.split(jax.random.fold_in(search_key, 1))
     num_actions = out.action_weights.shape[-1]
@@ -1162,7 +1185,8 @@ def make_train(args: Args) -> UniZero:
     def update(state: RunnerState):
         """num_steps steps of every env with search, then replay_ratio x new
         steps gradient steps once `learning_starts` steps are in replay."""
-        collect = lambda state, _: collect_step(env, env_params, search, args.explore_epsilon, state)
+        temperature = visit_temperature_at(args, state.hparams.visit_temperature, state.env_steps)
+        collect = lambda state, _: collect_step(env, env_params, search, args.explore_epsilon, state, temperature)
         state, (episode_info, search_stats) = jax.lax.scan(collect, state, None, args.num_steps)
         learning = (state.env_steps >= args.learning_starts) & buffers.valid_starts(state.buffer, L).any()
 

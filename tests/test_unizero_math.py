@@ -412,3 +412,45 @@ def test_explore_epsilon_replaces_the_search_action_with_a_uniform_one(algo_and_
     assert 0 < (taken[0.5] != 0).mean() < 1  # about a quarter: half the steps, half of those draw a non-zero action
     for epsilon in (0.5, 1.0):
         np.testing.assert_allclose(weights[epsilon], weights[0.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("decay", [False, True])
+def test_visit_temperature_follows_muzero_schedule_with_decay(decay):
+    """--visit-temperature-decay: x 1 / 0.5 / 0.25 while under 1/2 / 3/4 / all of
+    the run's env steps are done (MuZero's visit_softmax_temperature_fn);
+    without it, the constant given. Gumbel MuZero has no visit temperature: refused."""
+    args = tiny(search_policy="puct", visit_temperature_decay=decay)
+    total = args.num_updates * args.steps_per_update
+    assert total % 4 == 0  # the tiny preset's 100 steps: the quarters are whole env steps
+    env_steps = np.array([0, total // 4, total // 2 - 1, total // 2, 3 * total // 4 - 1, 3 * total // 4, total - 1])
+    temperatures = jax.vmap(lambda steps: uz.visit_temperature_at(args, jnp.float32(2.0), steps))(
+        jnp.asarray(env_steps)
+    )
+    expected = np.array([2, 2, 2, 1, 1, 0.5, 0.5]) if decay else np.full(env_steps.shape, 2.0)
+    np.testing.assert_allclose(temperatures, expected)
+    with pytest.raises(ValueError, match="visit_temperature_decay=True with search_policy='gumbel'"):
+        tiny(search_policy="gumbel", visit_temperature_decay=True)
+
+
+def test_collect_step_hands_the_search_the_scheduled_temperature(algo_and_params):
+    """collect_step's `visit_temperature` replaces the state's for its search (the
+    decay's), and without it the search sees the state's own."""
+    args, algo, params, _ = algo_and_params
+    args = dataclasses.replace(args, search_policy="puct")
+    algo = uz.make_train(args)
+    state = algo.init(jax.random.key(0)).replace(params=params)
+    state = state.replace(hparams=state.hparams.replace(visit_temperature=jnp.float32(1.0)))
+
+    def search_acting_on_temperature(params, history, key, explore, hparams):  # action = the temperature it was given
+        out = algo.search(params, history, key, explore, hparams)
+        return out.replace(action=jnp.full_like(out.action, hparams.visit_temperature.astype(out.action.dtype)))
+
+    @partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+    def taken(temperature):
+        after, _ = uz.collect_step(env, env_params, search_acting_on_temperature, 0.0, state, temperature)
+        return after.buffer.data.action[0]
+
+    env, env_params = uz.make_envs(args)[:2]
+    assert (np.asarray(taken(jnp.float32(0.0))) == 0).all()
+    own = uz.collect_step(env, env_params, search_acting_on_temperature, 0.0, state)[0].buffer.data.action[0]
+    assert (np.asarray(own) == 1).all()
