@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-terminal|breakout-500k-puct|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-terminal|breakout-500k-puct|breakout-500k-puct-decay|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -199,6 +199,19 @@ if [[ $what == breakout-500k-puct ]]; then
     resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-puct-t$temperature-500k" \
       unizero-minatar-rr0.125-anneal-gap1-puct-t$temperature "$seed" --preset breakout-minatar-500k \
       --search-policy puct --num-simulations 16 --visit-temperature "$temperature"
+  done
+fi
+# breakout-500k-puct with MuZero's visit temperature schedule: TEMPERATURE x 1, 0.5, 0.25 over the
+# run's first half, third quarter and last quarter (`--visit-temperature-decay`), after temperature 1
+# throughout left no wall but held the training return at 7 while the greedy policy reached 14.8 at
+# 200k (docs/unizero.md); resumable. The documented seed 0 was forked from breakout-500k-puct's at
+# 215k (identical until 250k, where the decay's first step falls; its FORKED.txt says how).
+if [[ $what == breakout-500k-puct-decay ]]; then
+  temperature=${TEMPERATURE:-1.0}
+  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
+    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-puct-t$temperature-decay-500k" \
+      unizero-minatar-rr0.125-anneal-gap1-puct-t$temperature-decay "$seed" --preset breakout-minatar-500k \
+      --search-policy puct --num-simulations 16 --visit-temperature "$temperature" --visit-temperature-decay
   done
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
