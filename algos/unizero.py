@@ -136,7 +136,7 @@ class Args:
     visit_temperature: Annotated[float, Positive] = 0.25
     """PUCT: collection samples actions from visit counts ^ (1 / visit_temperature)"""
     visit_temperature_decay: bool = False
-    """PUCT: collection's visit temperature is visit_temperature x 1, 0.5 and 0.25 in the run's first half, third quarter and last quarter (MuZero's visit_softmax_temperature_fn, Schrittwieser et al. 2020, appendix F: 1.0, 0.5, 0.25 at 0-500k, 500-750k, 750k-1M training steps); off: constant"""
+    """PUCT: collection's visit temperature is visit_temperature x 1, 0.5 and 0.25 in the run's first half, third quarter and last quarter (MuZero's Atari schedule, the visit_softmax_temperature of Schrittwieser et al. 2020's pseudocode: 1.0, 0.5, 0.25 below 500k, 750k and 1M training steps); off: constant"""
     explore_epsilon: Annotated[float, Fraction] = 0.0
     """probability that a collection step takes a uniformly random action instead of the search's (epsilon-greedy on top of the search, LightZero's eps_greedy_exploration_in_collect; the policy target stays the search's); 0: none"""
     q_rescale_min_gap: Annotated[float, Positive] = 1e-8
@@ -805,7 +805,7 @@ def visit_temperature_at(args: Args, visit_temperature: jax.Array, env_steps: ja
     """PUCT's collection temperature in the update that starts at a seed's
     `env_steps` []: `visit_temperature`, or with --visit-temperature-decay
     MuZero's schedule over the run, x 1 / 0.5 / 0.25 while fewer than 1/2 / 3/4 /
-    all of total_timesteps are done (Schrittwieser et al. 2020, appendix F, in
+    all of total_timesteps are done (Schrittwieser et al. 2020, pseudocode, in
     training steps; here env steps, proportional at a fixed replay ratio)."""
     if not args.visit_temperature_decay:
         return visit_temperature

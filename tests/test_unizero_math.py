@@ -417,7 +417,7 @@ def test_explore_epsilon_replaces_the_search_action_with_a_uniform_one(algo_and_
 @pytest.mark.parametrize("decay", [False, True])
 def test_visit_temperature_follows_muzero_schedule_with_decay(decay):
     """--visit-temperature-decay: x 1 / 0.5 / 0.25 while under 1/2 / 3/4 / all of
-    the run's env steps are done (MuZero's visit_softmax_temperature_fn);
+    the run's env steps are done (MuZero's Atari visit_softmax_temperature);
     without it, the constant given. Gumbel MuZero has no visit temperature: refused."""
     args = tiny(search_policy="puct", visit_temperature_decay=decay)
     total = args.num_updates * args.steps_per_update
