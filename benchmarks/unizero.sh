@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-terminal|breakout-500k-puct|breakout-500k-puct-decay|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-terminal|breakout-500k-puct|breakout-500k-puct-decay|breakout-500k-puct-decay-terminal|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -212,6 +212,20 @@ if [[ $what == breakout-500k-puct-decay ]]; then
     resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-puct-t$temperature-decay-500k" \
       unizero-minatar-rr0.125-anneal-gap1-puct-t$temperature-decay "$seed" --preset breakout-minatar-500k \
       --search-policy puct --num-simulations 16 --visit-temperature "$temperature" --visit-temperature-decay
+  done
+fi
+# breakout-500k-puct-decay with MuZero's absorbing state: TERMINAL_VALUE_COEF (default 0.5) times a
+# value cross-entropy toward 0 on the frame after each termination, after the decayed run collapsed at
+# temperature 0.25 with half its episodes losing the first ball, a frame the model valued at 4.6, as a
+# whole game (docs/unizero.md, "PUCT with visit-count sampling"); resumable.
+if [[ $what == breakout-500k-puct-decay-terminal ]]; then
+  temperature=${TEMPERATURE:-1.0}
+  coef=${TERMINAL_VALUE_COEF:-0.5}
+  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
+    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-puct-t$temperature-decay-tv$coef-500k" \
+      unizero-minatar-rr0.125-anneal-gap1-puct-t$temperature-decay-tv$coef "$seed" --preset breakout-minatar-500k \
+      --search-policy puct --num-simulations 16 --visit-temperature "$temperature" --visit-temperature-decay \
+      --terminal-value-coef "$coef"
   done
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
