@@ -240,12 +240,15 @@ if [[ $what == breakout-500k-report ]]; then
   runs=$(ls -d $OUT/breakout-rr0.125-500k/*/ $OUT/breakout-rr0.125-anneal-500k/*/ \
     $OUT/breakout-rr0.125-anneal-eps0.1-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-500k/*/ \
     $OUT/breakout-rr0.125-anneal-gap1-td10-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-adv[0-9]*-500k/*/ \
-    $OUT/breakout-rr0.125-anneal-floor[0-9]*-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-ent[0-9]*-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-tv[0-9]*-500k/*/ 2>/dev/null || true)
+    $OUT/breakout-rr0.125-anneal-floor[0-9]*-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-ent[0-9]*-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-tv[0-9]*-500k/*/ \
+    $OUT/breakout-rr0.125-anneal-gap1-puct-*-500k/*/ 2>/dev/null || true)
   $PY benchmarks/summarize.py --episode-windows 20000 $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY benchmarks/summarize.py $runs $OUT/ppo-breakout-minatar-500k/*/
-  $PY -m jaxzoo.plot $runs $OUT/ppo-breakout-minatar-500k/*/ \
+  # The figure: PPO, the preset (Gumbel MuZero with the floor) and the best variant so far, by exp_name.
+  $PY -m jaxzoo.plot $OUT/ppo-breakout-minatar-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-500k/*/ \
+    $OUT/breakout-rr0.125-anneal-gap1-puct-t1.0-decay-tv0.5-500k/*/ \
     --out docs/img/unizero_vs_ppo_breakout_500k.png --smooth 5 \
-    --title "Breakout-MinAtar, $SEEDS seeds, 500k: UniZero (replay ratio 0.125) vs PPO"
+    --title "Breakout-MinAtar, 500k: UniZero vs PPO (training return)"
 fi
 # Issue 29's Atari 100k on a CPU: the atari-100k-cpu preset (configs/unizero.toml: the paper's
 # settings scaled to fit), seed SEEDS_FROM (default 0) only, resumable; needs the atari extra.
