@@ -244,10 +244,11 @@ if [[ $what == breakout-500k-report ]]; then
     $OUT/breakout-rr0.125-anneal-gap1-puct-*-500k/*/ 2>/dev/null || true)
   $PY benchmarks/summarize.py --episode-windows 20000 $runs $OUT/ppo-breakout-minatar-500k/*/
   $PY benchmarks/summarize.py $runs $OUT/ppo-breakout-minatar-500k/*/
-  # The figure: PPO, the preset (Gumbel MuZero with the floor) and the best variant so far, by exp_name.
-  $PY -m jaxzoo.plot $OUT/ppo-breakout-minatar-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-500k/*/ \
-    $OUT/breakout-rr0.125-anneal-gap1-puct-t1.0-decay-tv0.5-500k/*/ \
-    --out docs/img/unizero_vs_ppo_breakout_500k.png --smooth 5 \
+  # The figure: PPO, the preset (Gumbel MuZero with the floor) and the best variant so far, by exp_name
+  # (whichever of the two UniZero roots exist).
+  curves=$(ls -d $OUT/ppo-breakout-minatar-500k/*/ $OUT/breakout-rr0.125-anneal-gap1-500k/*/ \
+    $OUT/breakout-rr0.125-anneal-gap1-puct-t1.0-decay-tv0.5-500k/*/ 2>/dev/null || true)
+  $PY -m jaxzoo.plot $curves --out docs/img/unizero_vs_ppo_breakout_500k.png --smooth 10 \
     --title "Breakout-MinAtar, 500k: UniZero vs PPO (training return)"
 fi
 # Issue 29's Atari 100k on a CPU: the atari-100k-cpu preset (configs/unizero.toml: the paper's
