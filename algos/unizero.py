@@ -111,6 +111,10 @@ class Args:
     """gradient steps per new env step (LightZero: 0.25); each update runs replay_ratio x num_envs x num_steps"""
     buffer_size: Annotated[int, AtLeastOne] = 100_000
     """replay capacity in transitions per seed"""
+    priority_exponent: Annotated[float, NonNegative] = 0.0
+    """prioritised replay (MuZero, Schrittwieser et al. 2020, Appendix G): windows are drawn with probability proportional to p^this, p = |search value - n-step value target| of the window's first step, new steps at the largest p seen; MuZero's Atari runs: 1; 0: uniform (LightZero's UniZero: use_priority False)"""
+    priority_correction: Annotated[float, Fraction] = 1.0
+    """prioritised replay: beta of the importance weights (N P)^-beta / max that scale each window's loss (Schaul et al. 2016; MuZero: 1); read only with priority_exponent > 0"""
     learning_starts: Annotated[int, NonNegative] = 256
     """env steps per seed before the first gradient step"""
     batch_size: Annotated[int, AtLeastOne] = 256
@@ -218,6 +222,11 @@ class Args:
                 f"buffer_size={self.buffer_size} holds fewer than window_length + 1 = {self.window_length + 1} rows of "
                 f"num_envs={self.num_envs} transitions; accepted: buffer_size >= "
                 f"{(self.window_length + 1) * self.num_envs}"
+            )
+        if self.priority_correction != 1.0 and self.priority_exponent == 0:
+            raise ValueError(
+                f"priority_correction={self.priority_correction} with priority_exponent=0: importance weights "
+                "correct prioritised sampling only; accepted: --priority-exponent > 0, or no --priority-correction"
             )
         if self.visit_temperature_decay and self.search_policy != "puct":
             raise ValueError(
@@ -972,6 +981,9 @@ def evaluate_greedy(eval_env, env_params, search, args: Args, max_steps: int, st
 
 
 # ---- Learning ---------------------------------------------------------------------------
+PRIORITY_EPSILON = 1e-6  # added to |v - z| so no window's priority is exactly 0 (Schaul et al. 2016, section 3.3)
+
+
 def window_at(windows: Transition, segment: jax.Array, start: int, steps: int) -> Window:
     """Rows start .. start + steps - 1 of replayed windows (leaves [B, L, ...]) as
     the model sees them: a Window with leaves [B, steps, ...], every token present."""
@@ -1008,11 +1020,30 @@ def compute_targets(target: WorldModel, windows: Transition, segment: jax.Array,
     return jax.lax.stop_gradient((latent_targets, value_targets))
 
 
-def unizero_loss(world: WorldModel, target: WorldModel, windows: Transition, hparams: Hyperparams, key, args: Args):
+def weighted_batch_mean(x: jax.Array, weights: jax.Array | None) -> jax.Array:
+    """Mean of a per-window loss x [B, ...] over everything; with prioritised replay's
+    importance weights [B], the weighted mean over windows of each window's mean."""
+    if weights is None:  # uniform replay: jnp.mean, so the compiled loss is the one without priorities
+        return jnp.mean(x)
+    return jnp.mean(weights * jnp.mean(x.reshape(x.shape[0], -1), axis=1))
+
+
+def unizero_loss(
+    world: WorldModel,
+    target: WorldModel,
+    windows: Transition,
+    hparams: Hyperparams,
+    key,
+    args: Args,
+    weights: jax.Array | None = None,
+):
     """UniZero's joint loss on replayed windows, leaves [B, L, ...]: the first K
     rows are trained (latent consistency, reward, policy, value), the rows
-    after them feed the n-step targets. `key` is the dropout key. Returns
-    (loss [], metrics of [])."""
+    after them feed the n-step targets. `key` is the dropout key; `weights` [B]
+    prioritised replay's importance weights (None: uniform replay). Returns
+    (loss [], metrics of []); with weights, metrics["priority"] [B] is each
+    window's new priority, MuZero's |search value - n-step value target| of
+    its first step."""
     K = args.num_unroll_steps
     segment = episode_segments(windows)
     policy_logits, value_logits, next_latents, reward_logits = forward_window(
@@ -1020,10 +1051,11 @@ def unizero_loss(world: WorldModel, target: WorldModel, windows: Transition, hpa
     )
     latent_targets, value_targets = compute_targets(target, windows, segment, hparams.gamma, args)
 
-    latent_loss = jnp.mean(jnp.square(next_latents - latent_targets))
-    reward_loss = jnp.mean(cross_entropy(reward_logits, scalar_to_probs(windows.reward[:, :K], args.support_size)))
-    policy_loss = jnp.mean(cross_entropy(policy_logits, windows.search_policy[:, :K]))
-    value_loss = jnp.mean(cross_entropy(value_logits, scalar_to_probs(value_targets, args.support_size)))
+    batch_mean = functools.partial(weighted_batch_mean, weights=weights)
+    latent_loss = batch_mean(jnp.square(next_latents - latent_targets))
+    reward_loss = batch_mean(cross_entropy(reward_logits, scalar_to_probs(windows.reward[:, :K], args.support_size)))
+    policy_loss = batch_mean(cross_entropy(policy_logits, windows.search_policy[:, :K]))
+    value_loss = batch_mean(cross_entropy(value_logits, scalar_to_probs(value_targets, args.support_size)))
     policy_entropy = jnp.mean(distrax.Categorical(logits=policy_logits).entropy())
     value_predictions = logits_to_scalar(value_logits)
     total = (
@@ -1033,7 +1065,9 @@ def unizero_loss(world: WorldModel, target: WorldModel, windows: Transition, hpa
         + hparams.value_coef * value_loss
         - hparams.policy_entropy_coef * policy_entropy  # keeps the prior from collapsing onto noisy targets
     )
-    metrics = {}  # the optional terms' own losses
+    metrics = {}  # the optional terms' own losses, and the new priorities
+    if weights is not None:
+        metrics["priority"] = jnp.abs(windows.root_value[:, 0] - value_targets[:, 0])  # [B]
     if args.terminal_value_coef > 0:  # static: at 0 the compiled loss is the one without the term, bit for bit
         # An episode's last frame is never a row's observation (the next row is the
         # reset's), so no value target reaches it, yet the dynamics predicts its latent
@@ -1154,17 +1188,30 @@ def make_train(args: Args) -> UniZero:
     def search(params, history: History, key: jax.Array, explore: bool, hparams: Hyperparams | None = None):
         return tree_search(graphdef, args, or_default(hparams), params, history, key, explore)
 
-    def loss_fn(params, target_params, windows: Transition, key, hparams: Hyperparams | None = None):
+    def loss_fn(params, target_params, windows: Transition, key, hparams: Hyperparams | None = None, weights=None):
         world, target = nnx.merge(graphdef, params), nnx.merge(graphdef, target_params)
-        return unizero_loss(world, target, windows, or_default(hparams), key, args)
+        return unizero_loss(world, target, windows, or_default(hparams), key, args, weights)
 
     def learn(state: RunnerState, _):
-        """One gradient step on `batch_size` uniformly replayed windows, then the EMA."""
+        """One gradient step on `batch_size` replayed windows (uniformly, or by
+        priority with --priority-exponent), then the EMA."""
         hp = state.hparams
         key, sample_key, dropout_key = jax.random.split(state.key, 3)
-        sample = buffers.sample(state.buffer, sample_key, args.batch_size, L)
+        prioritised = args.priority_exponent > 0
+        alpha = args.priority_exponent if prioritised else None
+        sample = buffers.sample(state.buffer, sample_key, args.batch_size, L, priority_exponent=alpha)
         windows = parallel.constrain_data(sample.windows)  # --parallel data: the batch is split over devices
-        grads, stats = jax.grad(loss_fn, has_aux=True)(state.params, state.target_params, windows, dropout_key, hp)
+        weights = None
+        if prioritised:
+            weights = buffers.importance_weights(sample.probability, sample.num_valid, args.priority_correction)
+        grads, stats = jax.grad(loss_fn, has_aux=True)(
+            state.params, state.target_params, windows, dropout_key, hp, weights
+        )
+        buffer = state.buffer
+        if prioritised:
+            priority = jax.lax.stop_gradient(stats.pop("priority")) + PRIORITY_EPSILON
+            buffer = buffers.set_priorities(buffer, sample.rows, sample.envs, priority)
+            stats["search_value_error"] = priority.mean()  # mean |search value - n-step target| of the batch
         learning_rate = learning_rate_at(args, hp.learning_rate, state.env_steps)
         opt_state = state.opt_state._replace(
             hyperparams={**state.opt_state.hyperparams, "learning_rate": learning_rate}
@@ -1177,6 +1224,7 @@ def make_train(args: Args) -> UniZero:
             params=params,
             target_params=target_params,
             opt_state=opt_state,
+            buffer=buffer,
             key=key,
             gradient_steps=state.gradient_steps + 1,
         )

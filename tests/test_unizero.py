@@ -142,6 +142,10 @@ def test_bad_input(tmp_path):
         uz.Args(support_size=20)
     with pytest.raises(ValueError, match="target_update_rate=0.0 is out of range; accepted: in \\(0, 1\\]"):
         uz.Args(target_update_rate=0.0)
+    with pytest.raises(
+        ValueError, match="priority_correction=0.5 with priority_exponent=0: .*accepted: --priority-exp"
+    ):
+        uz.Args(priority_correction=0.5)
 
 
 def test_max_grad_norm_zero_turns_clipping_off():
@@ -159,6 +163,24 @@ def test_max_grad_norm_zero_turns_clipping_off():
         for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(after.params))
     )
     assert args.learning_rate / 2 < moved <= args.gradient_steps * args.learning_rate * 1.01
+
+
+def test_prioritised_replay_samples_by_priority_and_writes_new_ones():
+    """--priority-exponent 1: the first update's gradient steps replace the
+    sampled windows' priorities (new steps enter at 1, the largest seen) with
+    their |search value - n-step target| + epsilon, and the losses stay finite."""
+    args = dataclasses.replace(cli.preset_args(uz.Args, "unizero", "tiny"), priority_exponent=1.0)
+    algo = uz.make_train(args)
+    after, metrics = jax.jit(algo.update, compiler_options=runner.RUN_ONCE)(algo.init(jax.random.key(0)))
+    for name in LOSSES:
+        assert np.isfinite(float(metrics[name])), name
+    written = int(after.buffer.size)
+    priority = np.asarray(after.buffer.priority)[:written]
+    rescored = priority != 1.0
+    assert int(after.gradient_steps) == args.gradient_steps > 0 and rescored.any()
+    assert (priority[rescored] >= uz.PRIORITY_EPSILON).all() and np.isfinite(priority).all()
+    assert float(after.buffer.max_priority) == max(1.0, float(priority.max()))
+    assert 0 < float(metrics["search_value_error"]) < float(after.buffer.max_priority)
 
 
 @pytest.mark.parametrize("preset", ["cartpole", "cartpole-v0", "cartpole-v0-puct", "breakout-minatar"])

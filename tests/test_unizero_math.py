@@ -372,6 +372,34 @@ def test_terminal_value_coef_trains_the_frame_after_a_termination_toward_zero(al
     )
 
 
+def test_prioritised_replay_weights_each_window_and_reports_muzero_priorities(algo_and_params):
+    """With importance weights [B] every loss term is the weighted mean over
+    windows of each window's mean: all ones give the uniform loss, one window
+    weighted B and the rest 0 give that window's loss alone; the new priority of
+    each window is MuZero's |search value - n-step value target| of its first step."""
+    args, algo, params, _ = algo_and_params
+    args = dataclasses.replace(args, dropout=0.0)  # no dropout mask that depends on the batch's shape
+    B = 4
+    windows = random_windows(args, algo, seed=7, B=B)
+    windows = windows._replace(root_value=jax.random.normal(jax.random.key(8), windows.reward.shape))
+    world = lambda: nnx.merge(algo.graphdef, params)
+    hparams = uz.Hyperparams.from_args(args)
+    loss = jax.jit(lambda w, weights: uz.unizero_loss(world(), world(), w, hparams, jax.random.key(4), args, weights))
+    plain, plain_metrics = loss_and_metrics(algo, params, args, windows)
+    ones, metrics = loss(windows, jnp.ones(B))
+    np.testing.assert_allclose(ones, plain, rtol=1e-5)
+    assert "priority" not in plain_metrics
+
+    _, value_targets = uz.compute_targets(world(), windows, uz.episode_segments(windows), hparams.gamma, args)
+    np.testing.assert_allclose(
+        metrics["priority"], np.abs(np.asarray(windows.root_value[:, 0] - value_targets[:, 0])), rtol=1e-5
+    )
+    first_only, _ = loss(windows, jnp.zeros(B).at[0].set(B))
+    alone, _ = loss_and_metrics(algo, params, args, jax.tree.map(lambda x: x[:1], windows))
+    np.testing.assert_allclose(first_only, alone, rtol=1e-5)
+    assert abs(float(first_only) - float(plain)) > 1e-3  # the windows differ: the weights matter
+
+
 @pytest.mark.parametrize("anneal", [False, True])
 def test_learning_rate_decays_linearly_over_the_updates_with_anneal_lr(anneal):
     """--anneal-lr: update k = 0 .. N-1 (its collection brings env_steps to
