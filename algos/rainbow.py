@@ -595,6 +595,13 @@ def frame_stacks(windows: Transition, frame_stack: int) -> Transition:
     )
 
 
+def importance_weights(probability: jax.Array, num_valid: jax.Array, beta: jax.Array) -> jax.Array:
+    """Prioritized-replay correction w_i = (N P(i))^-beta, divided by the largest
+    weight in the batch so updates are only ever scaled down (Schaul et al. 2016, section 3.4)."""
+    weights = (num_valid * probability) ** -beta
+    return weights / weights.max()
+
+
 def mean_return(out: jax.Array, support: jax.Array) -> jax.Array:
     """[..., atoms] -> [...]: the expected return a network output stands for:
     the output itself for expected-value DQN (one atom), else the mean
@@ -685,7 +692,7 @@ def td_loss(
         td_error = online[:, 0] - target
         per_sample = jnp.square(td_error) if args.loss == "mse" else optax.huber_loss(td_error, delta=1.0)
         priority = jnp.abs(td_error)
-    weights = buffers.importance_weights(sample.probability, sample.num_valid, beta) if args.prioritized else 1.0
+    weights = importance_weights(sample.probability, sample.num_valid, beta) if args.prioritized else 1.0
     loss = jnp.mean(weights * per_sample)
     q_taken = mean_return(online, support)
     return loss, (priority, {"loss": loss, "q_value": q_taken.mean(), "priority_max": priority.max()})

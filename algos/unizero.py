@@ -1020,6 +1020,13 @@ def compute_targets(target: WorldModel, windows: Transition, segment: jax.Array,
     return jax.lax.stop_gradient((latent_targets, value_targets))
 
 
+def importance_weights(probability: jax.Array, num_valid: jax.Array, beta: jax.Array) -> jax.Array:
+    """Prioritized-replay correction w_i = (N P(i))^-beta, divided by the largest
+    weight in the batch so updates are only ever scaled down (Schaul et al. 2016, section 3.4)."""
+    weights = (num_valid * probability) ** -beta
+    return weights / weights.max()
+
+
 def weighted_batch_mean(x: jax.Array, weights: jax.Array | None) -> jax.Array:
     """Mean of a per-window loss x [B, ...] over everything; with prioritised replay's
     importance weights [B], the weighted mean over windows of each window's mean."""
@@ -1203,7 +1210,7 @@ def make_train(args: Args) -> UniZero:
         windows = parallel.constrain_data(sample.windows)  # --parallel data: the batch is split over devices
         weights = None
         if prioritised:
-            weights = buffers.importance_weights(sample.probability, sample.num_valid, args.priority_correction)
+            weights = importance_weights(sample.probability, sample.num_valid, jnp.float32(args.priority_correction))
         grads, stats = jax.grad(loss_fn, has_aux=True)(
             state.params, state.target_params, windows, dropout_key, hp, weights
         )

@@ -12,7 +12,6 @@ position into older data; they may cross episode ends, which the stored
     sample = buffers.sample(buffer, key, batch_size=128, length=3)
     sample.windows                                      # leaves [128, 3, ...]
     buffers.sample(buffer, key, 128, length=3, history=3).windows  # [128, 3 + 3, ...]: 3 rows before each window too
-    weights = buffers.importance_weights(sample.probability, sample.num_valid, beta)  # [128]: scale each loss
     buffer = buffers.set_priorities(buffer, sample.rows, sample.envs, new_priorities)
 
 Prioritised sampling (Schaul et al. 2016, proportional variant): a window
@@ -141,15 +140,6 @@ def sample(
     window_rows = (rows[:, None] + offsets[None, :]) % buffer.rows  # [batch, length]
     windows = jax.tree.map(lambda store: store[window_rows, envs[:, None]], buffer.data)
     return Sample(windows, rows, envs, probability, num_valid)
-
-
-def importance_weights(probability: jax.Array, num_valid: jax.Array, beta: float | jax.Array) -> jax.Array:
-    """Prioritised replay's correction for sampling windows unevenly: w_i = (N P(i))^-beta
-    for the sampled windows' probabilities P(i) [batch] among N valid starts, divided by
-    the largest weight in the batch so updates are only ever scaled down (Schaul et al.
-    2016, section 3.4). Uniform sampling gives 1 everywhere."""
-    weights = (num_valid * probability) ** -beta
-    return weights / weights.max()
 
 
 def set_priorities(buffer: Buffer, rows: jax.Array, envs: jax.Array, priority: jax.Array) -> Buffer:

@@ -101,14 +101,6 @@ def test_prioritized_sampling_never_draws_an_invalid_start(monkeypatch):
     assert (np.asarray(sample.probability) > 0).all()
 
 
-def test_importance_weights_scale_down_by_the_largest():
-    probability = jnp.array([0.5, 0.25, 0.125, 0.125])
-    w = buffers.importance_weights(probability, jnp.int32(4), jnp.float32(1.0))
-    np.testing.assert_allclose(w, (4 * probability) ** -1.0 / (4 * 0.125) ** -1.0)
-    assert float(w.max()) == 1.0
-    np.testing.assert_allclose(buffers.importance_weights(probability, jnp.int32(4), jnp.float32(0.0)), 1.0)
-
-
 def test_new_rows_get_the_largest_priority_seen():
     buffer = filled(2, rows=4, num_envs=1)
     buffer = buffers.set_priorities(buffer, jnp.array([0]), jnp.array([0]), jnp.array([7.0]))

@@ -14,6 +14,7 @@ from jaxzoo.algos.rainbow import (
     categorical_projection,
     dueling_aggregate,
     frame_stacks,
+    importance_weights,
     linear_schedule,
     n_step_targets,
 )
@@ -118,6 +119,14 @@ def test_double_q_selects_with_the_online_network_and_scores_with_the_target():
     online_q = jnp.array([[0.0, 1.0, 5.0], [0.0, 5.0, 1.0]])
     np.testing.assert_array_equal(bootstrap_outputs(target_out, target_q, None), [[0.0, 1.0], [6.0, 7.0]])
     np.testing.assert_array_equal(bootstrap_outputs(target_out, target_q, online_q), [[4.0, 5.0], [8.0, 9.0]])
+
+
+def test_importance_weights():
+    probability = jnp.array([0.5, 0.25, 0.125, 0.125])
+    w = importance_weights(probability, jnp.int32(4), jnp.float32(1.0))
+    np.testing.assert_allclose(w, (4 * probability) ** -1.0 / (4 * 0.125) ** -1.0)
+    assert float(w.max()) == 1.0
+    np.testing.assert_allclose(importance_weights(probability, jnp.int32(4), jnp.float32(0.0)), 1.0)
 
 
 def test_noisy_linear_initialisation_and_noise():

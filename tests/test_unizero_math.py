@@ -400,6 +400,16 @@ def test_prioritised_replay_weights_each_window_and_reports_muzero_priorities(al
     assert abs(float(first_only) - float(plain)) > 1e-3  # the windows differ: the weights matter
 
 
+def test_importance_weights_are_rainbows_copy():
+    """importance_weights is the text of rainbow.py's (one formula, one form:
+    docs/glossary.md; tests/test_rainbow_math.py checks its values)."""
+    import inspect
+
+    from jaxzoo.algos import rainbow
+
+    assert inspect.getsource(uz.importance_weights) == inspect.getsource(rainbow.importance_weights)
+
+
 @pytest.mark.parametrize("anneal", [False, True])
 def test_learning_rate_decays_linearly_over_the_updates_with_anneal_lr(anneal):
     """--anneal-lr: update k = 0 .. N-1 (its collection brings env_steps to
