@@ -218,18 +218,22 @@ fi
 # value cross-entropy toward 0 on the frame after each termination, after the decayed run collapsed at
 # temperature 0.25 with half its episodes losing the first ball, a frame the model valued at 4.6, as a
 # whole game (docs/unizero.md, "PUCT with visit-count sampling"); resumable. PRIORITY_EXPONENT (default
-# 0, uniform replay) above 0 adds MuZero's prioritised replay (`--priority-exponent`; MuZero's Atari: 1),
-# in a root and exp_name of its own ("-per$PRIORITY_EXPONENT"): the walls are rare late-game steps whose
-# search value misses the real return, which priorities by that miss replay more often.
+# 0, uniform replay) above 0 adds MuZero's prioritised replay (`--priority-exponent`; MuZero's Atari: 1)
+# with importance weights at PRIORITY_CORRECTION (default 1, MuZero's; LightZero's: 0.6 and 0.4), in a
+# root and exp_name of their own ("-per$PRIORITY_EXPONENT", "-b$PRIORITY_CORRECTION" unless 1): the walls
+# are rare late-game steps whose search value misses the real return, which priorities by that miss
+# replay more often.
 if [[ $what == breakout-500k-puct-decay-terminal ]]; then
   temperature=${TEMPERATURE:-1.0}
   coef=${TERMINAL_VALUE_COEF:-0.5}
   per=${PRIORITY_EXPONENT:-0}
-  tag=puct-t$temperature-decay-tv$coef$([[ $per == 0 ]] || echo "-per$per")
+  beta=${PRIORITY_CORRECTION:-1}
+  tag=puct-t$temperature-decay-tv$coef$([[ $per == 0 ]] || echo "-per$per")$([[ $beta == 1 ]] || echo "-b$beta")
   for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
     resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-$tag-500k" unizero-minatar-rr0.125-anneal-gap1-$tag "$seed" \
       --preset breakout-minatar-500k --search-policy puct --num-simulations 16 --visit-temperature "$temperature" \
-      --visit-temperature-decay --terminal-value-coef "$coef" --priority-exponent "$per"
+      --visit-temperature-decay --terminal-value-coef "$coef" --priority-exponent "$per" \
+      --priority-correction "$beta"
   done
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
