@@ -193,13 +193,18 @@ fi
 # 500k training steps) with Dirichlet noise at the root, and the policy targets are visit counts, so
 # collection varies its routes from the start, as PPO's stochastic policy does (docs/unizero.md, "Why the
 # wall holds": Gumbel's sharp targets replay one route); resumable.
-if [[ $what == breakout-500k-puct ]]; then
-  temperature=${TEMPERATURE:-1.0}
+# The three PUCT modes share this loop; each keeps its own root and exp_name (TAG) so its runs resume.
+puct_seeds() {  # TAG, then algos/unizero.py flags beyond the shared ones
+  local tag=$1 seed
+  shift
   for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
-    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-puct-t$temperature-500k" \
-      unizero-minatar-rr0.125-anneal-gap1-puct-t$temperature "$seed" --preset breakout-minatar-500k \
-      --search-policy puct --num-simulations 16 --visit-temperature "$temperature"
+    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-$tag-500k" unizero-minatar-rr0.125-anneal-gap1-$tag "$seed" \
+      --preset breakout-minatar-500k --search-policy puct --num-simulations 16 --visit-temperature "$temperature" "$@"
   done
+}
+temperature=${TEMPERATURE:-1.0}
+if [[ $what == breakout-500k-puct ]]; then
+  puct_seeds "puct-t$temperature"
 fi
 # breakout-500k-puct with MuZero's visit temperature schedule: TEMPERATURE x 1, 0.5, 0.25 over the
 # run's first half, third quarter and last quarter (`--visit-temperature-decay`), after temperature 1
@@ -207,12 +212,7 @@ fi
 # 200k (docs/unizero.md); resumable. The documented seed 0 was forked from breakout-500k-puct's at
 # 215k (identical until 250k, where the decay's first step falls; its FORKED.txt says how).
 if [[ $what == breakout-500k-puct-decay ]]; then
-  temperature=${TEMPERATURE:-1.0}
-  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
-    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-puct-t$temperature-decay-500k" \
-      unizero-minatar-rr0.125-anneal-gap1-puct-t$temperature-decay "$seed" --preset breakout-minatar-500k \
-      --search-policy puct --num-simulations 16 --visit-temperature "$temperature" --visit-temperature-decay
-  done
+  puct_seeds "puct-t$temperature-decay" --visit-temperature-decay
 fi
 # breakout-500k-puct-decay with MuZero's absorbing state: TERMINAL_VALUE_COEF (default 0.5) times a
 # value cross-entropy toward 0 on the frame after each termination, after the decayed run collapsed at
@@ -224,17 +224,11 @@ fi
 # are rare late-game steps whose search value misses the real return, which priorities by that miss
 # replay more often.
 if [[ $what == breakout-500k-puct-decay-terminal ]]; then
-  temperature=${TEMPERATURE:-1.0}
   coef=${TERMINAL_VALUE_COEF:-0.5}
   per=${PRIORITY_EXPONENT:-0}
   beta=${PRIORITY_CORRECTION:-1}
-  tag=puct-t$temperature-decay-tv$coef$([[ $per == 0 ]] || echo "-per$per")$([[ $beta == 1 ]] || echo "-b$beta")
-  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
-    resume_or_start "$OUT/breakout-rr0.125-anneal-gap1-$tag-500k" unizero-minatar-rr0.125-anneal-gap1-$tag "$seed" \
-      --preset breakout-minatar-500k --search-policy puct --num-simulations 16 --visit-temperature "$temperature" \
-      --visit-temperature-decay --terminal-value-coef "$coef" --priority-exponent "$per" \
-      --priority-correction "$beta"
-  done
+  puct_seeds "puct-t$temperature-decay-tv$coef$([[ $per == 0 ]] || echo "-per$per")$([[ $beta == 1 ]] || echo "-b$beta")" \
+    --visit-temperature-decay --terminal-value-coef "$coef" --priority-exponent "$per" --priority-correction "$beta"
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
 # on the same 500k steps and seeds (vmapped in one process; skipped if already there), the tables
