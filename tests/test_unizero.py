@@ -196,6 +196,20 @@ def test_presets_build(preset):
         assert metrics["loss"].shape == ()
 
 
+
+def test_breakout_puct_preset_is_the_benchmarks_flags():
+    """configs/unizero.toml's `breakout-minatar-500k-puct` is the command line of
+    `benchmarks/unizero.sh breakout-500k-puct-decay-terminal` (puct_seeds plus that
+    mode's flags at their defaults), so the preset reproduces the documented seeds."""
+    flags = ["--preset", "breakout-minatar-500k", "--search-policy", "puct", "--num-simulations", "16"]
+    flags += ["--visit-temperature", "1.0", "--visit-temperature-decay", "--terminal-value-coef", "0.5"]
+    flags += ["--priority-exponent", "0", "--priority-correction", "1"]
+    from_flags = cli.parse(uz.Args, "unizero", flags)
+    from_preset = cli.parse(uz.Args, "unizero", ["--preset", "breakout-minatar-500k-puct"])
+    assert from_preset.exp_name == "unizero-minatar-500k-puct"
+    assert dataclasses.replace(from_flags, exp_name=from_preset.exp_name) == from_preset
+    assert from_preset != cli.preset_args(uz.Args, "unizero", "breakout-minatar-500k")
+
 # ---- Atari through envpool (common/atari.py; the `atari` extra) ----------------------------
 needs_envpool = pytest.mark.skipif(
     importlib.util.find_spec("envpool") is None, reason='envpool is not installed (pip install -e ".[atari]")'
