@@ -222,13 +222,19 @@ fi
 # with importance weights at PRIORITY_CORRECTION (default 1, MuZero's; LightZero's: 0.6 and 0.4), in a
 # root and exp_name of their own ("-per$PRIORITY_EXPONENT", "-b$PRIORITY_CORRECTION" unless 1): the walls
 # are rare late-game steps whose search value misses the real return, which priorities by that miss
-# replay more often.
+# replay more often. BUFFER_SIZE (unset: the preset's 50,000 steps, the last tenth of the run) sets
+# the replay's size in its own root and exp_name ("-buf$BUFFER_SIZE"; 500000 keeps the whole run, as
+# LightZero's 1e6 does): a replay of the current route alone holds no state off it for the model to
+# learn the value of following the ball from.
 if [[ $what == breakout-500k-puct-decay-terminal ]]; then
   coef=${TERMINAL_VALUE_COEF:-0.5}
   per=${PRIORITY_EXPONENT:-0}
   beta=${PRIORITY_CORRECTION:-1}
-  puct_seeds "puct-t$temperature-decay-tv$coef$([[ $per == 0 ]] || echo "-per$per")$([[ $beta == 1 ]] || echo "-b$beta")" \
-    --visit-temperature-decay --terminal-value-coef "$coef" --priority-exponent "$per" --priority-correction "$beta"
+  buffer=()
+  [[ -z ${BUFFER_SIZE:-} ]] || buffer=(--buffer-size "$BUFFER_SIZE")
+  puct_seeds "puct-t$temperature-decay-tv$coef$([[ $per == 0 ]] || echo "-per$per")$([[ $beta == 1 ]] || echo "-b$beta")$([[ -z ${BUFFER_SIZE:-} ]] || echo "-buf$BUFFER_SIZE")" \
+    --visit-temperature-decay --terminal-value-coef "$coef" --priority-exponent "$per" --priority-correction "$beta" \
+    "${buffer[@]}"
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
 # on the same 500k steps and seeds (vmapped in one process; skipped if already there), the tables
