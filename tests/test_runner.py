@@ -1,7 +1,9 @@
 """common/runner.py on a toy algorithm: evaluation during training, the clock column."""
 
 import dataclasses
+import gc
 import time
+import weakref
 from dataclasses import dataclass
 
 import jax
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import Killed
 
-from jaxzoo import logger, runner
+from jaxzoo import checkpoint, logger, runner
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,30 @@ def test_a_resumed_run_continues_the_clock(tmp_path, monkeypatch):
     assert list(rows["update"][mine]) == list(range(1, 9))
     clock = rows["wall_seconds"][mine]
     assert np.all(np.diff(clock) >= 0) and clock[4:].min() >= clock_at_4
+
+
+def test_a_checkpoints_host_copy_is_freed_once_written(tmp_path, monkeypatch):
+    """The runner's host copy of the state lives only while its checkpoint is
+    written: kept, a run with a large replay held a second copy of its whole state
+    until the next checkpoint, and a third while that one was gathered."""
+    init, update, evaluate = toy_algorithm()
+    args = ToyArgs(run_root=str(tmp_path), save_model=True, checkpoint_every=2)
+    host_copies, original_save, original_log = [], checkpoint.save, logger.Run.log
+
+    def save_and_watch(run_dir, update_index, state, **kwargs):
+        host_copies.extend(weakref.ref(leaf) for leaf in jax.tree.leaves(state) if isinstance(leaf, np.ndarray))
+        return original_save(run_dir, update_index, state, **kwargs)
+
+    def log_and_check(self, update_index, global_step, metrics):
+        gc.collect()
+        held = sum(ref() is not None for ref in host_copies)
+        assert held == 0, f"at update {update_index[-1]}: {held} leaves of a written checkpoint's host copy are held"
+        original_log(self, update_index, global_step, metrics)
+
+    monkeypatch.setattr(checkpoint, "save", save_and_watch)
+    monkeypatch.setattr(logger.Run, "log", log_and_check)
+    runner.run(args, "toy", init, update, evaluate, num_updates=8, steps_per_update=10)
+    assert len(host_copies) == 4 * 2  # checkpoints at updates 2, 4, 6, 8; two leaves each
 
 
 def test_an_evaluated_chunk_is_clocked_when_its_evaluation_ends(tmp_path):

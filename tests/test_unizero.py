@@ -196,7 +196,6 @@ def test_presets_build(preset):
         assert metrics["loss"].shape == ()
 
 
-
 def test_breakout_puct_preset_is_the_benchmarks_flags():
     """configs/unizero.toml's `breakout-minatar-500k-puct` is the command line of
     `benchmarks/unizero.sh breakout-500k-puct-decay-terminal` (puct_seeds plus that
@@ -209,6 +208,7 @@ def test_breakout_puct_preset_is_the_benchmarks_flags():
     assert from_preset.exp_name == "unizero-minatar-500k-puct"
     assert dataclasses.replace(from_flags, exp_name=from_preset.exp_name) == from_preset
     assert from_preset != cli.preset_args(uz.Args, "unizero", "breakout-minatar-500k")
+
 
 # ---- Atari through envpool (common/atari.py; the `atari` extra) ----------------------------
 needs_envpool = pytest.mark.skipif(
