@@ -1731,9 +1731,7 @@ def run_stage(
         due = done - last_checkpoint >= args.checkpoint_every or done == stage.num_updates
         signum = parallel.agree_max(stop.signum or 0)  # any process's signal stops them all here
         if args.save_model and (due or signum):
-            host_state = parallel.to_host(state)  # every process takes part in gathering a sharded state
-            if parallel.is_writer():
-                checkpoint.save(stage_dir, done, host_state)
+            runner.write_checkpoint(stage_dir, done, state)
             last_checkpoint = done
         if signum and done < stage.num_updates:
             run_log.close()

@@ -306,6 +306,19 @@ RUN_ONCE = {"xla_backend_optimization_level": 0}
 CLOCK_COLUMNS = ("steps_per_second", "wall_seconds")
 
 
+def write_checkpoint(run_dir: str | os.PathLike, update: int, state) -> None:
+    """Write `state` as the checkpoint of `update` (every process takes part in
+    gathering a sharded state; the first writes it). The host copy lives only
+    inside this call: held past it (as by the training loops until 2026-11-29),
+    a run kept a second copy of its whole state until the next checkpoint and a
+    third while that one was gathered. UniZero on Breakout-MinAtar with 1.5 GB
+    of replay (`--buffer-size 500000`), 4,000 steps, checkpoints every 10
+    updates: peak RSS 4.2 and 4.9 GiB before, 2.7 GiB after."""
+    host_state = parallel.to_host(state)
+    if parallel.is_writer():
+        checkpoint.save(run_dir, update, host_state)
+
+
 def run(
     args,
     algorithm: str,
@@ -666,7 +679,7 @@ class _ChunkLoop:
                 if in_flight is not None:
                     self.record(*in_flight)
                     in_flight = None
-                self.save_checkpoint(state)
+                write_checkpoint(self.run_log.dir, self.dispatched, state)
                 self.last_checkpoint = self.dispatched
             if in_flight is not None and (self.seconds_per_update is None or self.paced()):
                 # The first chunk is timed before the next one is sized; a paced
@@ -674,17 +687,6 @@ class _ChunkLoop:
                 self.record(*in_flight)
                 in_flight = None
         return state
-
-    def save_checkpoint(self, state) -> None:
-        """Write the checkpoint of update `self.dispatched`. The host copy of the
-        state lives only inside this call: held past it (as until 2026-11-29), a
-        run kept a second copy of its whole state until the next checkpoint and a
-        third while that one was gathered. UniZero on Breakout-MinAtar with 1.5 GB
-        of replay (`--buffer-size 500000`), 4,000 steps, checkpoints every 10
-        updates: peak RSS 4.2 and 4.9 GiB before, 2.7 GiB after."""
-        host_state = parallel.to_host(state)  # every process takes part in gathering a sharded state
-        if parallel.is_writer():
-            checkpoint.save(self.run_log.dir, self.dispatched, host_state)
 
     def stop_asked(self, stop: StopRequest) -> bool:
         """Whether SIGINT / SIGTERM has arrived (at any process of a
