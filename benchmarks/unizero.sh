@@ -230,11 +230,13 @@ if [[ $what == breakout-500k-puct-decay-terminal ]]; then
   coef=${TERMINAL_VALUE_COEF:-0.5}
   per=${PRIORITY_EXPONENT:-0}
   beta=${PRIORITY_CORRECTION:-1}
+  tag=puct-t$temperature-decay-tv$coef
+  [[ $per == 0 ]] || tag+=-per$per
+  [[ $beta == 1 ]] || tag+=-b$beta
   buffer=()
-  [[ -z ${BUFFER_SIZE:-} ]] || buffer=(--buffer-size "$BUFFER_SIZE")
-  puct_seeds "puct-t$temperature-decay-tv$coef$([[ $per == 0 ]] || echo "-per$per")$([[ $beta == 1 ]] || echo "-b$beta")$([[ -z ${BUFFER_SIZE:-} ]] || echo "-buf$BUFFER_SIZE")" \
-    --visit-temperature-decay --terminal-value-coef "$coef" --priority-exponent "$per" --priority-correction "$beta" \
-    "${buffer[@]}"
+  [[ -z ${BUFFER_SIZE:-} ]] || { tag+=-buf$BUFFER_SIZE; buffer=(--buffer-size "$BUFFER_SIZE"); }
+  puct_seeds "$tag" --visit-temperature-decay --terminal-value-coef "$coef" --priority-exponent "$per" \
+    --priority-correction "$beta" "${buffer[@]}"
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
 # on the same 500k steps and seeds (vmapped in one process; skipped if already there), the tables
