@@ -3,6 +3,8 @@ a hyperparameter sweep, the command line, bad input."""
 
 import dataclasses
 import importlib.util
+import os
+import subprocess
 from pathlib import Path
 
 import jax
@@ -196,13 +198,28 @@ def test_presets_build(preset):
         assert metrics["loss"].shape == ()
 
 
-def test_breakout_puct_preset_is_the_benchmarks_flags():
+@pytest.mark.skipif(
+    not Path("/usr/bin/time").exists(), reason="benchmarks/unizero.sh times each process with /usr/bin/time"
+)
+def test_breakout_puct_preset_is_the_benchmarks_flags(tmp_path):
     """configs/unizero.toml's `breakout-minatar-500k-puct` is the command line of
-    `benchmarks/unizero.sh breakout-500k-puct-decay-terminal` (puct_seeds plus that
-    mode's flags at their defaults), so the preset reproduces the documented seeds."""
-    flags = ["--preset", "breakout-minatar-500k", "--search-policy", "puct", "--num-simulations", "16"]
-    flags += ["--visit-temperature", "1.0", "--visit-temperature-decay", "--terminal-value-coef", "0.5"]
-    flags += ["--priority-exponent", "0", "--priority-correction", "1"]
+    `benchmarks/unizero.sh breakout-500k-puct-decay-terminal` at its defaults, so the
+    preset reproduces the documented seeds. The flags are the script's own: a dry run
+    of a copy of it (PYTHON=echo, in tmp_path so its run roots land there) prints them."""
+    (tmp_path / "benchmarks").mkdir()
+    script = tmp_path / "benchmarks" / "unizero.sh"
+    script.write_text((ROOT / "benchmarks" / "unizero.sh").read_text())
+    env = {"PATH": os.environ["PATH"], "PYTHON": "echo", "SEEDS": "1"}
+    dry_run = subprocess.run(
+        ["bash", str(script), "breakout-500k-puct-decay-terminal"], env=env, capture_output=True, text=True, check=True
+    )
+    commands = [line.split()[1:] for line in dry_run.stdout.splitlines() if line.startswith("algos/unizero.py ")]
+    assert len(commands) == 1, dry_run.stdout
+    flags = commands[0]
+    for per_run in ("--seed", "--run-root", "--exp-name"):  # the seed and where it writes, not the settings
+        at = flags.index(per_run)
+        del flags[at : at + 2]
+    assert flags[:2] == ["--preset", "breakout-minatar-500k"] and "--search-policy" in flags, flags
     from_flags = cli.parse(uz.Args, "unizero", flags)
     from_preset = cli.parse(uz.Args, "unizero", ["--preset", "breakout-minatar-500k-puct"])
     assert from_preset.exp_name == "unizero-minatar-500k-puct"
