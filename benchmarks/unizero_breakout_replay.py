@@ -1,11 +1,12 @@
 """What a Breakout-MinAtar UniZero run's replay says about its values, read-only
 (docs/unizero.md, "The 10-brick trap").
 
-    python benchmarks/unizero_breakout_replay.py RUN_DIR [--samples 20000] [--episode-tail 12]
+    python benchmarks/unizero_breakout_replay.py RUN_DIR [--samples 20000] [--episode-tail 12] [--last 50000]
 
 From the newest checkpoint's replay (the last buffer_size transitions of each
-seed), grouped by the bricks left on the screen (channel 3 of the 10x10x4
-observation; 30 at the start, one fewer per reward):
+seed, or with `--last N` its newest N), grouped by the bricks left on the
+screen (channel 3 of the 10x10x4 observation; 30 at the start, one fewer per
+reward):
 
 - steps: replayed transitions with that many bricks left;
 - return-to-go: the discounted return that actually followed in replay (gamma
@@ -121,13 +122,13 @@ def greedy_episode_tail(algo, args, state, steps: int) -> None:
     print("\n".join(log[-steps:]))
 
 
-def context_at(obs, action, timestep, index, steps: int) -> unizero.History:
-    """The search root's real context at each time-ordered replay position
-    `index` [M] of one env column each (arrays [T, M, ...] already taken at those
-    columns): the `steps` steps ending there, earlier episodes' steps invalid,
-    the last action not chosen yet (as `unizero.observe` leaves it)."""
+def context_at(obs, action, timestep, index, column, steps: int) -> unizero.History:
+    """The search root's real context at time-ordered replay positions `index`
+    [M] of env columns `column` [M] (arrays [T, N, ...]): the `steps` steps
+    ending there, earlier episodes' steps invalid, the last action not chosen
+    yet (as `unizero.observe` leaves it). Gathers only those [M, steps] entries."""
     back = index[:, None] - np.arange(steps)[::-1][None, :]  # [M, C] oldest first
-    column = np.arange(len(index))[:, None]
+    column = column[:, None]
     inside = back >= 0
     at = np.maximum(back, 0)
     steps_back = np.arange(steps)[::-1][None, :]
@@ -163,8 +164,7 @@ def before_end_rows(model, args, obs, action, timestep, search_policy, terminate
         t, n = end_t[keep] - k, end_n[keep]
         if len(t) == 0:
             continue
-        columns = lambda x: x[:, n]  # [T, M, ...]: each selected env's column
-        history = context_at(columns(obs), columns(action), columns(timestep), t, args.context_steps)
+        history = context_at(obs, action, timestep, t, n, args.context_steps)
         root_value, q = map(np.asarray, root_and_q(history))
         frame = obs[t, n]  # [M, 10, 10, 4]
         ball_row, ball_col = frame[..., 1].max(-1).argmax(-1), frame[..., 1].max(-2).argmax(-1)
@@ -188,6 +188,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=20_000, help="transitions the model's value is computed on")
     parser.add_argument("--episode-tail", type=int, default=0, help="print the last N steps of a greedy episode")
     parser.add_argument(
+        "--last",
+        type=int,
+        default=None,
+        help="read only the newest N replayed transitions (default: the whole replay); "
+        "--last 50000 compares a larger replay with the default one",
+    )
+    parser.add_argument(
         "--before-end", type=int, nargs="*", default=[1, 2, 3, 4, 6, 8, 12], help="steps before each loss to tabulate"
     )
     options = parser.parse_args(argv)
@@ -207,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
         buffer = jax.tree.map(lambda x: np.asarray(x[seed_index]), state.buffer)
         data, rows, size = buffer.data, buffer.rows, int(buffer.size)
         order = (np.arange(rows) + int(buffer.position)) % rows if size == rows else np.arange(size)  # oldest first
+        if options.last is not None:  # the newest rows only, N transitions over the replay's env columns
+            order = order[-max(1, options.last // data.reward.shape[1]) :]
         take = lambda x: x[order]  # [T, N, ...] in time order
         obs, reward, action = take(data.obs), take(data.reward), take(data.action)
         ended, terminated = take(data.terminated | data.truncated), take(data.terminated)
@@ -238,7 +247,9 @@ def main(argv: list[str] | None = None) -> None:
             ]
         )
         sampled_bricks = bricks[t_index, n_index]
-        print(f"\nseed index {seed_index}: {size * reward.shape[1]:,} replayed transitions")
+        print(
+            f"\nseed index {seed_index}: {len(order) * reward.shape[1]:,} newest replayed transitions of {size * reward.shape[1]:,}"
+        )
         print("| bricks left | steps | return-to-go | V(model) | root value | top weight | toward ball |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for count in range(30, -1, -1):
