@@ -123,6 +123,8 @@ class Args:
     """env steps per training window (LightZero: 5); also the longest context the model is shown"""
     td_steps: Annotated[int, AtLeastOne] = 5
     """n of the n-step value targets"""
+    td_steps_age: Annotated[int, NonNegative] = 0
+    """off-policy correction of the value targets (EfficientZero, Ye et al. 2021, section 4.3): a window whose first step is a env steps old sums only max(1, td_steps - a // td_steps_age) real rewards before it bootstraps from the target model, since old steps follow an older policy (EfficientZero: 0.3 x its run, 30,000 of 100k); 0: off, every window td_steps"""
     gamma: Annotated[float, Fraction] = 0.997
     """discount of the value targets and of the search"""
     context_steps: Annotated[int, AtLeastOne] = 4
@@ -703,16 +705,24 @@ def record_action(history: History, action: jax.Array, done: jax.Array) -> Histo
     return history.replace(action=history.action.at[:, -1].set(action), valid=history.valid & ~done[:, None])
 
 
-def stop_rows(terminated: jax.Array, truncated: jax.Array, steps: int, n: int) -> jax.Array:
+def stop_rows(
+    terminated: jax.Array, truncated: jax.Array, steps: int, n: int, horizon: jax.Array | None = None
+) -> jax.Array:
     """[B, K] window row where the n-step sum of step k stops: the first row of
     k .. k + n - 1 whose step ended the episode, else k + n - 1.
-    terminated, truncated: [B, L] with L >= K + n - 1."""
+    terminated, truncated: [B, L] with L >= K + n - 1. With `horizon` [B]
+    (int, 1 .. n), window b sums horizon[b] steps instead of n."""
     index = jnp.arange(steps)[:, None] + jnp.arange(n)[None, :]  # [K, n]
     done = terminated[:, index] | truncated[:, index]  # [B, K, n]
-    return jnp.arange(steps)[None] + jnp.where(done.any(-1), jnp.argmax(done, -1), n - 1)
+    if horizon is None:
+        return jnp.arange(steps)[None] + jnp.where(done.any(-1), jnp.argmax(done, -1), n - 1)
+    done = done & (jnp.arange(n) < horizon[:, None, None])  # ends past a window's horizon do not stop its sums
+    return jnp.arange(steps)[None] + jnp.where(done.any(-1), jnp.argmax(done, -1), horizon[:, None] - 1)
 
 
-def n_step_value_targets(rewards, terminated, truncated, window_values, final_values, gamma: float, n: int):
+def n_step_value_targets(
+    rewards, terminated, truncated, window_values, final_values, gamma: float, n: int, horizon=None
+):
     """n-step value targets for the first K steps of replayed windows (MuZero's
     z_t, with episode ends handled as in Gymnasium):
 
@@ -725,20 +735,42 @@ def n_step_value_targets(rewards, terminated, truncated, window_values, final_va
     termination it is 0.
 
     rewards, terminated, truncated: [B, L] with L >= K + n - 1;
-    window_values, final_values: [B, K]. Returns [B, K]."""
+    window_values, final_values: [B, K]. Returns [B, K].
+
+    With `horizon` [B] (int, 1 .. n: `value_horizons`), window b's targets sum
+    horizon[b] rewards and window_values[b, t] is V_{t+horizon[b]}."""
     chex.assert_equal_shape([rewards, terminated, truncated])
     chex.assert_equal_shape([window_values, final_values])
     steps = window_values.shape[1]
     index = jnp.arange(steps)[:, None] + jnp.arange(n)[None, :]  # [K, n]
     reward, term = rewards[:, index], terminated[:, index]  # [B, K, n]
     done = (term | truncated[:, index]).astype(jnp.float32)
+    if horizon is not None:  # the steps past a window's horizon are not summed and do not end it
+        within = (jnp.arange(n) < horizon[:, None, None]).astype(jnp.float32)  # [B, 1, n]
+        reward, done = reward * within, done * within
     alive = jnp.cumprod(jnp.concatenate([jnp.ones_like(done[..., :1]), 1.0 - done[..., :-1]], -1), -1)
     returns = jnp.sum(gamma ** jnp.arange(n, dtype=jnp.float32) * reward * alive, -1)
     ended = done.any(-1)
-    stop = stop_rows(terminated, truncated, steps, n)  # [B, K]
+    stop = stop_rows(terminated, truncated, steps, n, horizon)  # [B, K]
     terminated_at_stop = jnp.take_along_axis(terminated, stop, 1)
     discount = gamma ** (stop - jnp.arange(steps) + 1.0) * (1.0 - terminated_at_stop.astype(jnp.float32))
     return returns + discount * jnp.where(ended, final_values, window_values)
+
+
+def value_horizons(age: jax.Array, n: int, td_steps_age: int) -> jax.Array:
+    """EfficientZero's off-policy correction (Ye et al. 2021, section 4.3): the
+    n-step value target of old data sums fewer real rewards, since the policy
+    that earned them is older, and bootstraps sooner from the current target
+    model. age [B]: env steps since a window's first step was collected (all
+    envs counted, as EfficientZero's transitions). Returns [B] int32,
+    clip(n - age // td_steps_age, 1, n)."""
+    return jnp.clip(n - age // td_steps_age, 1, n).astype(jnp.int32)
+
+
+def window_ages(buffer: buffers.Buffer, rows: jax.Array) -> jax.Array:
+    """[B] env steps (all envs counted) since replay rows [B] were written: the
+    newest row is 0 steps old, the one before it num_envs."""
+    return (buffer.position - 1 - rows) % buffer.rows * buffer.num_envs
 
 
 def advantage_weighted_nll(policy_logits: jax.Array, actions: jax.Array, advantages: jax.Array) -> jax.Array:
@@ -984,10 +1016,15 @@ def evaluate_greedy(eval_env, env_params, search, args: Args, max_steps: int, st
 PRIORITY_EPSILON = 1e-6  # added to |v - z| so no window's priority is exactly 0 (Schaul et al. 2016, section 3.3)
 
 
-def window_at(windows: Transition, segment: jax.Array, start: int, steps: int) -> Window:
+def window_at(windows: Transition, segment: jax.Array, start: int | jax.Array, steps: int) -> Window:
     """Rows start .. start + steps - 1 of replayed windows (leaves [B, L, ...]) as
-    the model sees them: a Window with leaves [B, steps, ...], every token present."""
-    rows = lambda x: x[:, start : start + steps]
+    the model sees them: a Window with leaves [B, steps, ...], every token present.
+    `start` is one row for all windows, or [B] rows, one per window."""
+    if isinstance(start, int):
+        rows = lambda x: x[:, start : start + steps]
+    else:
+        index = start[:, None] + jnp.arange(steps)  # [B, steps]
+        rows = lambda x: jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), 1)
     ones = jnp.ones((windows.action.shape[0], steps), bool)
     return Window(rows(windows.obs), rows(windows.action), rows(windows.timestep), rows(segment), ones, ones)
 
@@ -1000,22 +1037,26 @@ def episode_segments(windows: Transition) -> jax.Array:
     return jnp.cumsum(jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), done[:, :-1].astype(jnp.int32)], 1), 1)
 
 
-def compute_targets(target: WorldModel, windows: Transition, segment: jax.Array, gamma, args: Args):
+def compute_targets(target: WorldModel, windows: Transition, segment: jax.Array, gamma, args: Args, age=None):
     """Latent targets [B, K, D] and n-step value targets [B, K] of the first K
     rows of replayed windows [B, L, ...], from the EMA target model (no dropout,
-    no gradient)."""
+    no gradient). age [B]: env steps since each window's first step, read with
+    --td-steps-age (`value_horizons`)."""
     K, n = args.num_unroll_steps, args.td_steps
+    horizon = value_horizons(age, n, args.td_steps_age) if args.td_steps_age > 0 else None
     latent_targets = target.encoder(windows.final_obs[:, :K])
-    # V(o_{t+n}) as LightZero reads it: a fresh window starting n rows later.
-    window_values = logits_to_scalar(forward_window(target, window_at(windows, segment, n, K))[1])
+    # V(o_{t+n}) as LightZero reads it: a fresh window starting n rows later
+    # (horizon[b] rows later with the off-policy correction).
+    start = n if horizon is None else horizon
+    window_values = logits_to_scalar(forward_window(target, window_at(windows, segment, start, K))[1])
     # V(final observation) of the row where each n-step sum stops, for sums cut
     # short by a truncation: only those K rows of each window are read, so only
     # they are computed, not all L (docs/unizero.md, "Where the time goes").
-    stop = stop_rows(windows.terminated, windows.truncated, K, n)  # [B, K]
+    stop = stop_rows(windows.terminated, windows.truncated, K, n, horizon)  # [B, K]
     at_stop = lambda x: jnp.take_along_axis(x, stop.reshape(stop.shape + (1,) * (x.ndim - 2)), 1)
     final_values = lone_values(target, at_stop(windows.final_obs), at_stop(windows.timestep) + 1)
     value_targets = n_step_value_targets(
-        windows.reward, windows.terminated, windows.truncated, window_values, final_values, gamma, n
+        windows.reward, windows.terminated, windows.truncated, window_values, final_values, gamma, n, horizon
     )
     return jax.lax.stop_gradient((latent_targets, value_targets))
 
@@ -1043,11 +1084,13 @@ def unizero_loss(
     key,
     args: Args,
     weights: jax.Array | None = None,
+    age: jax.Array | None = None,
 ):
     """UniZero's joint loss on replayed windows, leaves [B, L, ...]: the first K
     rows are trained (latent consistency, reward, policy, value), the rows
     after them feed the n-step targets. `key` is the dropout key; `weights` [B]
-    prioritised replay's importance weights (None: uniform replay). Returns
+    prioritised replay's importance weights (None: uniform replay); `age` [B]
+    env steps since each window's first step (read with --td-steps-age). Returns
     (loss [], metrics of []); with weights, metrics["priority"] [B] is each
     window's new priority, MuZero's |search value - n-step value target| of
     its first step."""
@@ -1056,7 +1099,7 @@ def unizero_loss(
     policy_logits, value_logits, next_latents, reward_logits = forward_window(
         world, window_at(windows, segment, 0, K), key if args.dropout > 0 else None
     )
-    latent_targets, value_targets = compute_targets(target, windows, segment, hparams.gamma, args)
+    latent_targets, value_targets = compute_targets(target, windows, segment, hparams.gamma, args, age)
 
     batch_mean = functools.partial(weighted_batch_mean, weights=weights)
     latent_loss = batch_mean(jnp.square(next_latents - latent_targets))
@@ -1195,9 +1238,11 @@ def make_train(args: Args) -> UniZero:
     def search(params, history: History, key: jax.Array, explore: bool, hparams: Hyperparams | None = None):
         return tree_search(graphdef, args, or_default(hparams), params, history, key, explore)
 
-    def loss_fn(params, target_params, windows: Transition, key, hparams: Hyperparams | None = None, weights=None):
+    def loss_fn(
+        params, target_params, windows: Transition, key, hparams: Hyperparams | None = None, weights=None, age=None
+    ):
         world, target = nnx.merge(graphdef, params), nnx.merge(graphdef, target_params)
-        return unizero_loss(world, target, windows, or_default(hparams), key, args, weights)
+        return unizero_loss(world, target, windows, or_default(hparams), key, args, weights, age)
 
     def learn(state: RunnerState, _):
         """One gradient step on `batch_size` replayed windows (uniformly, or by
@@ -1211,8 +1256,9 @@ def make_train(args: Args) -> UniZero:
         weights = None
         if prioritised:
             weights = importance_weights(sample.probability, sample.num_valid, jnp.float32(args.priority_correction))
+        age = window_ages(state.buffer, sample.rows) if args.td_steps_age > 0 else None
         grads, stats = jax.grad(loss_fn, has_aux=True)(
-            state.params, state.target_params, windows, dropout_key, hp, weights
+            state.params, state.target_params, windows, dropout_key, hp, weights, age
         )
         buffer = state.buffer
         if prioritised:

@@ -225,7 +225,10 @@ fi
 # replay more often. BUFFER_SIZE (unset: the preset's 50,000 steps, the last tenth of the run) sets
 # the replay's size in its own root and exp_name ("-buf$BUFFER_SIZE"; 500000 keeps the whole run, as
 # LightZero's 1e6 does): a replay of the current route alone holds no state off it for the model to
-# learn the value of following the ball from.
+# learn the value of following the ball from. TD_STEPS_AGE (unset: off) adds EfficientZero's
+# off-policy correction (`--td-steps-age`, "-age$TD_STEPS_AGE"): windows TD_STEPS_AGE env steps older
+# sum one real reward fewer before bootstrapping (EfficientZero: 0.3 of the run, so 150000 for 500k),
+# after the whole-run replay's value fell below the current play's return (5.20 against 8.32).
 if [[ $what == breakout-500k-puct-decay-terminal ]]; then
   coef=${TERMINAL_VALUE_COEF:-0.5}
   per=${PRIORITY_EXPONENT:-0}
@@ -235,8 +238,10 @@ if [[ $what == breakout-500k-puct-decay-terminal ]]; then
   [[ $beta == 1 ]] || tag+=-b$beta
   buffer=()
   [[ -z ${BUFFER_SIZE:-} ]] || { tag+=-buf$BUFFER_SIZE; buffer=(--buffer-size "$BUFFER_SIZE"); }
+  age=()
+  [[ -z ${TD_STEPS_AGE:-} ]] || { tag+=-age$TD_STEPS_AGE; age=(--td-steps-age "$TD_STEPS_AGE"); }
   puct_seeds "$tag" --visit-temperature-decay --terminal-value-coef "$coef" --priority-exponent "$per" \
-    --priority-correction "$beta" "${buffer[@]}"
+    --priority-correction "$beta" "${buffer[@]}" "${age[@]}"
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
 # on the same 500k steps and seeds (vmapped in one process; skipped if already there), the tables

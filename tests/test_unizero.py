@@ -185,6 +185,20 @@ def test_prioritised_replay_samples_by_priority_and_writes_new_ones():
     assert 0 < float(metrics["search_value_error"]) < float(after.buffer.max_priority)
 
 
+
+def test_td_steps_age_reaches_the_gradient_steps():
+    """--td-steps-age 1: every replayed window is older than 1 env step, so
+    its value targets bootstrap after one reward instead of td_steps; the first
+    update's losses stay finite and its mean value target moves."""
+    args = cli.preset_args(uz.Args, "unizero", "tiny")
+    first_update = lambda a: jax.jit(uz.make_train(a).update, compiler_options=runner.RUN_ONCE)(
+        uz.make_train(a).init(jax.random.key(0))
+    )[1]
+    plain, aged = first_update(args), first_update(dataclasses.replace(args, td_steps_age=1))
+    for name in LOSSES:
+        assert np.isfinite(float(aged[name])), name
+    assert abs(float(aged["value_target"]) - float(plain["value_target"])) > 1e-6
+
 @pytest.mark.parametrize("preset", ["cartpole", "cartpole-v0", "cartpole-v0-puct", "breakout-minatar"])
 def test_presets_build(preset):
     """Every preset builds its model and state; MinAtar's conv-encoder update traces (no compile)."""

@@ -237,6 +237,78 @@ def test_truncation_bootstraps_from_the_final_observation_termination_does_not()
     assert float(truncated[0, 1]) == float(terminated[0, 1]) == pytest.approx(1 + 0.9 + 0.81 * 100)  # a new episode
 
 
+
+def test_value_horizons_shorten_with_age_as_efficientzero():
+    """EfficientZero's off-policy correction: td = clip(n - age // td_steps_age, 1, n)."""
+    age = jnp.array([0, 29_999, 30_000, 59_999, 60_000, 120_000, 10**7])
+    np.testing.assert_array_equal(uz.value_horizons(age, 5, 30_000), [5, 5, 4, 4, 3, 1, 1])
+
+
+def test_window_ages_count_env_steps_since_a_row_was_written():
+    from jaxzoo import buffers
+
+    buffer = buffers.init(jnp.zeros(()), capacity=12, num_envs=3)  # 4 rows of 3 envs
+    for _ in range(6):  # wraps: the newest row is 1, then 0, 3, 2
+        buffer = buffers.add(buffer, jnp.zeros(3))
+    np.testing.assert_array_equal(uz.window_ages(buffer, jnp.array([1, 0, 3, 2])), [0, 3, 6, 9])
+
+
+def test_n_step_value_targets_with_a_horizon_per_window_against_a_loop():
+    """Window b with horizon h sums h rewards (an end after them does not stop
+    it) and bootstraps from window_values[b, t] = V_{t+h}: the loop with n = h,
+    window by window; horizon n everywhere is the plain target."""
+    rng = np.random.default_rng(1)
+    B, K, n = 64, 5, 5
+    L = K + n
+    rewards = rng.normal(size=(B, L)).astype(np.float32)
+    terminated = rng.uniform(size=(B, L)) < 0.08
+    truncated = (rng.uniform(size=(B, L)) < 0.08) & ~terminated
+    window_values = rng.uniform(-10, 10, (B, K)).astype(np.float32)
+    final_values = rng.uniform(-10, 10, (B, L)).astype(np.float32)
+    horizon = rng.integers(1, n + 1, B)
+    assert set(horizon) == set(range(1, n + 1))
+    arrays = tuple(map(jnp.asarray, (rewards, terminated, truncated)))
+    stop = np.asarray(uz.stop_rows(*arrays[1:], K, n, jnp.asarray(horizon)))
+    at_stop = jnp.asarray(np.take_along_axis(final_values, stop, 1))
+    got = uz.n_step_value_targets(*arrays, jnp.asarray(window_values), at_stop, 0.997, n, jnp.asarray(horizon))
+    expected = np.concatenate([
+        value_targets_loop(*(x[b : b + 1] for x in (rewards, terminated, truncated, window_values, final_values)),
+                           0.997, int(h))
+        for b, h in enumerate(horizon)
+    ])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+    full = jnp.full(B, n)
+    plain_stop = uz.stop_rows(*arrays[1:], K, n)
+    np.testing.assert_array_equal(uz.stop_rows(*arrays[1:], K, n, full), plain_stop)
+    at_plain_stop = jnp.asarray(np.take_along_axis(final_values, np.asarray(plain_stop), 1))
+    np.testing.assert_allclose(
+        uz.n_step_value_targets(*arrays, jnp.asarray(window_values), at_plain_stop, 0.997, n, full),
+        uz.n_step_value_targets(*arrays, jnp.asarray(window_values), at_plain_stop, 0.997, n),
+        rtol=1e-6,
+    )
+
+
+def test_td_steps_age_shortens_the_value_targets_of_old_windows_only(algo_and_params):
+    """compute_targets with --td-steps-age A: windows younger than A env steps
+    keep the td_steps-step target, older ones get the 1-step target of a
+    td_steps=1 run (the tiny preset's td_steps is 2), bootstrapped from the
+    target model's value one row later."""
+    args, algo, params, _ = algo_and_params
+    assert args.td_steps == 2
+    windows = random_windows(args, algo, seed=9)
+    windows = windows._replace(truncated=windows.truncated.at[1, 2].set(True))  # one sum cut short by a truncation
+    segment = uz.episode_segments(windows)
+
+    def targets(a, age=None):
+        world = nnx.merge(algo.graphdef, params)
+        return jax.jit(lambda: uz.compute_targets(world, windows, segment, 0.9, a, age)[1])()
+
+    plain, one_step = targets(args), targets(dataclasses.replace(args, td_steps=1))
+    aged = targets(dataclasses.replace(args, td_steps_age=100), jnp.array([0, 99, 100, 10**6]))  # horizons 2, 2, 1, 1
+    np.testing.assert_allclose(aged[:2], plain[:2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(aged[2:], one_step[2:], rtol=1e-5, atol=1e-5)
+    assert np.abs(np.asarray(plain[2:]) - np.asarray(one_step[2:])).min() > 1e-3  # the horizons differ
+
 # ------------------------------------------------------ search-target sharpness
 def test_q_rescale_min_gap_keeps_small_q_gaps_small(algo_and_params):
     """mctx rescales a node's Q-values by (q - min) / max(max - min, epsilon):
