@@ -201,15 +201,21 @@ def value_targets_loop(rewards, terminated, truncated, window_values, final_valu
     return targets
 
 
-def test_n_step_value_targets_against_a_loop():
-    rng = np.random.default_rng(0)
-    B, K, n = 64, 5, 5
+def random_target_inputs(rng, B: int, K: int, n: int):
+    """Rewards, episode ends (8% each), bootstrap values [B, K] and final-observation values [B, K + n]."""
     L = K + n
     rewards = rng.normal(size=(B, L)).astype(np.float32)
     terminated = rng.uniform(size=(B, L)) < 0.08
     truncated = (rng.uniform(size=(B, L)) < 0.08) & ~terminated
     window_values = rng.uniform(-10, 10, (B, K)).astype(np.float32)
     final_values = rng.uniform(-10, 10, (B, L)).astype(np.float32)
+    return rewards, terminated, truncated, window_values, final_values
+
+
+def test_n_step_value_targets_against_a_loop():
+    rng = np.random.default_rng(0)
+    B, K, n = 64, 5, 5
+    rewards, terminated, truncated, window_values, final_values = random_target_inputs(rng, B, K, n)
     assert terminated[:, : K + n - 1].any() and truncated[:, : K + n - 1].any()
     stop = np.asarray(uz.stop_rows(jnp.asarray(terminated), jnp.asarray(truncated), K, n))
     at_stop = np.take_along_axis(final_values, stop, 1)  # the loss computes V(final obs) only at these rows
@@ -259,12 +265,7 @@ def test_n_step_value_targets_with_a_horizon_per_window_against_a_loop():
     window by window; horizon n everywhere is the plain target."""
     rng = np.random.default_rng(1)
     B, K, n = 64, 5, 5
-    L = K + n
-    rewards = rng.normal(size=(B, L)).astype(np.float32)
-    terminated = rng.uniform(size=(B, L)) < 0.08
-    truncated = (rng.uniform(size=(B, L)) < 0.08) & ~terminated
-    window_values = rng.uniform(-10, 10, (B, K)).astype(np.float32)
-    final_values = rng.uniform(-10, 10, (B, L)).astype(np.float32)
+    rewards, terminated, truncated, window_values, final_values = random_target_inputs(rng, B, K, n)
     horizon = rng.integers(1, n + 1, B)
     assert set(horizon) == set(range(1, n + 1))
     arrays = tuple(map(jnp.asarray, (rewards, terminated, truncated)))
