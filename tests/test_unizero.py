@@ -191,9 +191,11 @@ def test_td_steps_age_reaches_the_gradient_steps():
     its value targets bootstrap after one reward instead of td_steps; the first
     update's losses stay finite and its mean value target moves."""
     args = cli.preset_args(uz.Args, "unizero", "tiny")
-    first_update = lambda a: jax.jit(uz.make_train(a).update, compiler_options=runner.RUN_ONCE)(
-        uz.make_train(a).init(jax.random.key(0))
-    )[1]
+
+    def first_update(a: uz.Args):
+        algo = uz.make_train(a)
+        return jax.jit(algo.update, compiler_options=runner.RUN_ONCE)(algo.init(jax.random.key(0)))[1]
+
     plain, aged = first_update(args), first_update(dataclasses.replace(args, td_steps_age=1))
     for name in LOSSES:
         assert np.isfinite(float(aged[name])), name
