@@ -609,6 +609,36 @@ def lone_values(model: WorldModel, obs: jax.Array, timestep: jax.Array) -> jax.A
     return logits_to_scalar(lone_value_logits(model, obs, timestep))
 
 
+def on_rows(fn, mask: jax.Array, *inputs: jax.Array) -> jax.Array:
+    """fn(*inputs) on the rows where mask is True, zeros on the others, computing
+    only those rows when they are few. inputs [B, T, ...], mask [B, T] -> [B, T, ...].
+
+    The lone values of a batch are read on a few percent of its rows (terminal
+    frames, sums cut by a truncation), yet computing them on every row was 23%
+    of a Breakout gradient step (docs/unizero.md, "Where the time goes"). Up to
+    B T / 8 selected rows are gathered into one [1, B T / 8, ...] batch; past
+    that, fn runs on every row as before. Each selected row's value is fn's
+    either way (row-wise: no row sees another)."""
+    batch, steps = mask.shape
+    capacity = max(1, batch * steps // 8)
+    selected = mask.reshape(-1)
+    count = selected.sum()
+
+    def few():
+        index = jnp.nonzero(selected, size=capacity, fill_value=0)[0]  # [capacity]; padded with row 0
+        out = fn(*(x.reshape((batch * steps,) + x.shape[2:])[index][None] for x in inputs))[0]
+        padding = (jnp.arange(capacity) >= count).reshape((capacity,) + (1,) * (out.ndim - 1))
+        # Padded entries add 0 to row 0, so a selected row 0 keeps its value.
+        rows = jnp.zeros((batch * steps,) + out.shape[1:], out.dtype).at[index].add(jnp.where(padding, 0, out))
+        return rows.reshape((batch, steps) + out.shape[1:])
+
+    def every():
+        out = fn(*inputs)
+        return jnp.where(mask.reshape(mask.shape + (1,) * (out.ndim - 2)), out, 0)
+
+    return jax.lax.cond(count <= capacity, few, every)
+
+
 # --------------------------------------------------------------------------- #
 # Pytrees
 # --------------------------------------------------------------------------- #
@@ -1054,7 +1084,11 @@ def compute_targets(target: WorldModel, windows: Transition, segment: jax.Array,
     # they are computed, not all L (docs/unizero.md, "Where the time goes").
     stop = stop_rows(windows.terminated, windows.truncated, K, n, horizon)  # [B, K]
     at_stop = lambda x: jnp.take_along_axis(x, stop.reshape(stop.shape + (1,) * (x.ndim - 2)), 1)
-    final_values = lone_values(target, at_stop(windows.final_obs), at_stop(windows.timestep) + 1)
+    # Read only where the sum stops at a truncation (a termination's bootstrap is 0).
+    cut = at_stop(windows.truncated) & ~at_stop(windows.terminated)  # [B, K]
+    final_values = on_rows(
+        functools.partial(lone_values, target), cut, at_stop(windows.final_obs), at_stop(windows.timestep) + 1
+    )
     value_targets = n_step_value_targets(
         windows.reward, windows.terminated, windows.truncated, window_values, final_values, gamma, n, horizon
     )
@@ -1123,7 +1157,12 @@ def unizero_loss(
         # reset's), so no value target reaches it, yet the dynamics predicts its latent
         # and the search values it. MuZero's absorbing state: its value is 0.
         terminal = windows.terminated[:, :K].astype(jnp.float32)  # [B, K]
-        terminal_logits = lone_value_logits(world, windows.final_obs[:, :K], windows.timestep[:, :K] + 1)
+        terminal_logits = on_rows(
+            functools.partial(lone_value_logits, world),
+            windows.terminated[:, :K],
+            windows.final_obs[:, :K],
+            windows.timestep[:, :K] + 1,
+        )
         zero_probs = scalar_to_probs(jnp.zeros_like(terminal), args.support_size)
         metrics["terminal_value_loss"] = jnp.sum(terminal * cross_entropy(terminal_logits, zero_probs)) / jnp.maximum(
             terminal.sum(), 1.0

@@ -565,3 +565,36 @@ def test_collect_step_hands_the_search_the_scheduled_temperature(algo_and_params
     assert (np.asarray(taken(jnp.float32(0.0))) == 0).all()
     own = uz.collect_step(env, env_params, search_acting_on_temperature, 0.0, state)[0].buffer.data.action[0]
     assert (np.asarray(own) == 1).all()
+
+
+@pytest.mark.parametrize("rows", [[], [0], [5, 9], [0, 3, 7, 8, 9, 12, 15]])
+def test_on_rows_matches_every_row_and_computes_only_few(algo_and_params, rows):
+    """on_rows gives fn's values (and gradients) on the selected rows and 0 on the
+    others, as computing every row does; up to B T / 8 rows it runs fn on
+    a [1, B T / 8] batch of them alone (row 0 selected or not: the padding
+    repeats row 0), past that on all rows."""
+    args, algo, params, _ = algo_and_params
+    batch, steps = 8, 4  # capacity 4
+    obs = jax.random.uniform(jax.random.key(2), (batch, steps, *algo.spec.obs_shape))
+    timestep = jnp.arange(batch * steps, dtype=jnp.int32).reshape(batch, steps) % 7
+    mask = jnp.zeros(batch * steps, bool).at[jnp.asarray(rows, jnp.int32)].set(True).reshape(batch, steps)
+
+    def logits(params, obs, timestep):
+        return uz.lone_value_logits(nnx.merge(algo.graphdef, params), obs, timestep)
+
+    def squares(params, sparse):
+        out = uz.on_rows(partial(logits, params), mask, obs, timestep) if sparse else logits(params, obs, timestep)
+        return jnp.sum(jnp.where(mask[..., None], out, 0.0) ** 2), out
+
+    (_, got), got_grads = jax.jit(jax.value_and_grad(partial(squares, sparse=True), has_aux=True))(params)
+    (_, dense), dense_grads = jax.jit(jax.value_and_grad(partial(squares, sparse=False), has_aux=True))(params)
+    selected = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(got)[selected], np.asarray(dense)[selected], rtol=1e-5, atol=1e-6)
+    assert (np.asarray(got)[~selected] == 0).all()
+    for g, d in zip(jax.tree.leaves(got_grads), jax.tree.leaves(dense_grads)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(d), rtol=1e-4, atol=1e-5 * np.abs(d).max() + 1e-7)
+
+    # Which batch fn ran on: a row's value is the number of rows of its call.
+    batch_rows = lambda x: jnp.full(x.shape[:2], x.shape[0] * x.shape[1], jnp.float32)
+    ran_on = np.asarray(jax.jit(lambda m: uz.on_rows(batch_rows, m, obs))(mask))[selected]
+    assert (ran_on == (batch * steps // 8 if len(rows) <= batch * steps // 8 else batch * steps)).all()
