@@ -615,7 +615,8 @@ def on_rows(fn, mask: jax.Array, *inputs: jax.Array) -> jax.Array:
 
     The lone values of a batch are read on a few percent of its rows (terminal
     frames, sums cut by a truncation), yet computing them on every row was 23%
-    of a Breakout gradient step (docs/unizero.md, "Where the time goes"). Up to
+    of a Breakout gradient step (docs/unizero.md, "Lone values on the rows
+    that read them"). Up to
     B T / 8 selected rows are gathered into one [1, B T / 8, ...] batch; past
     that, fn runs on every row as before. Each selected row's value is fn's
     either way (row-wise: no row sees another)."""
