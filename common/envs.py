@@ -49,6 +49,11 @@ class _DeferredModule(types.ModuleType):
     read imports the real module and answers from it."""
 
     def __getattr__(self, attribute: str):
+        # `import matplotlib.pyplot as plt` reads `pyplot` off the parent package:
+        # while both stand in, answer with the child's stand-in, importing nothing.
+        child = sys.modules.get(f"{self.__name__}.{attribute}")
+        if isinstance(child, _DeferredModule):
+            return child
         if sys.modules.get(self.__name__) is self:
             del sys.modules[self.__name__]
         return getattr(importlib.import_module(self.__name__), attribute)
@@ -58,6 +63,10 @@ class _DeferredModule(types.ModuleType):
 def _deferred(*names: str):
     """`names` import on first use inside this block (those not yet imported)."""
     stand_ins = {name: _DeferredModule(name) for name in names if name not in sys.modules}
+    for name, stand_in in stand_ins.items():
+        if any(other.startswith(f"{name}.") for other in stand_ins):
+            # A package: `from matplotlib import colors` asks for __path__ before the child.
+            stand_in.__path__ = []
     sys.modules.update(stand_ins)
     try:
         yield
@@ -78,8 +87,11 @@ def import_gymnax() -> types.ModuleType:
     of a whole `ppo.py --preset cartpole` process, paid by every run. Imported
     with those two deferred, gymnax takes 0.33 s; its modules keep a stand-in
     that imports the real library when a render method first touches it.
+    matplotlib itself (the parent package of pyplot, and `colors`, which pong.py
+    imports by name) waits too: 0.14 s more on a slow 2-core AMD EPYC
+    (docs/performance.md, "A second of every start").
     """
-    with _deferred("matplotlib.pyplot", "seaborn"):
+    with _deferred("matplotlib", "matplotlib.pyplot", "matplotlib.colors", "seaborn"):
         import gymnax
     return gymnax
 
