@@ -88,7 +88,7 @@ def import_gymnax() -> types.ModuleType:
     with those two deferred, gymnax takes 0.33 s; its modules keep a stand-in
     that imports the real library when a render method first touches it.
     matplotlib itself (the parent package of pyplot, and `colors`, which pong.py
-    imports by name) waits too: 0.14 s more on a slow 2-core AMD EPYC
+    imports by name) waits too: about 0.12 s more on a slow 2-core AMD EPYC
     (docs/performance.md, "A second of every start").
     """
     with _deferred("matplotlib", "matplotlib.pyplot", "matplotlib.colors", "seaborn"):
