@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NamedTuple
 
 import chex
-import distrax
 import jax
 import jax.numpy as jnp
 import mctx
@@ -836,6 +835,18 @@ def cross_entropy(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
     return -jnp.sum(target_probs * jax.nn.log_softmax(logits, axis=-1), axis=-1)
 
 
+def entropy(log_probs: jax.Array) -> jax.Array:
+    """[..., n] log-probabilities -> [...] Shannon entropy -sum_a p_a log p_a, with
+    0 log 0 = 0 (the search prunes actions to a weight of exactly 0). Written
+    out, not distrax's Categorical.entropy, in the same operations (so the
+    compiled programs are the ones of before): importing distrax loads
+    TensorFlow Probability's JAX substrate, about 1 s of every process on a slow
+    2-core CPU for two logged entropies (docs/performance.md, "A second of
+    every start"; tests/test_unizero_math.py checks it against distrax)."""
+    probs = jnp.exp(log_probs)
+    return -jnp.sum(jnp.where(probs == 0, 0.0, log_probs) * probs, axis=-1)
+
+
 def env_options(env_id: str, max_episode_steps: int = 0) -> dict:
     """Keyword arguments of `envs.make` for `env_id`. Only [H, W, C]
     observations (MinAtar, Pong) reach the encoder's convolution as images;
@@ -1000,7 +1011,7 @@ def collect_step(
     )
     stats = {
         "root_value": transition.root_value.mean(),
-        "search_entropy": distrax.Categorical(probs=out.action_weights).entropy().mean(),
+        "search_entropy": entropy(jnp.log(out.action_weights / out.action_weights.sum(-1, keepdims=True))).mean(),
     }
     return state, ({k: info[k] for k in ("episode_done", "episode_return", "episode_length")}, stats)
 
@@ -1141,7 +1152,7 @@ def unizero_loss(
     reward_loss = batch_mean(cross_entropy(reward_logits, scalar_to_probs(windows.reward[:, :K], args.support_size)))
     policy_loss = batch_mean(cross_entropy(policy_logits, windows.search_policy[:, :K]))
     value_loss = batch_mean(cross_entropy(value_logits, scalar_to_probs(value_targets, args.support_size)))
-    policy_entropy = jnp.mean(distrax.Categorical(logits=policy_logits).entropy())
+    policy_entropy = jnp.mean(entropy(jax.nn.log_softmax(policy_logits)))
     value_predictions = logits_to_scalar(value_logits)
     total = (
         hparams.latent_coef * latent_loss

@@ -64,6 +64,23 @@ def test_h_transform_round_trip_and_two_hot_mass():
 
 
 # ------------------------------------------------------------ model and search
+def test_entropy_is_distraxs_categorical_entropy_with_0_log_0_as_0():
+    """The two logged entropies (search weights with pruned actions at exactly 0,
+    and the policy's softmax) are written out; they equal distrax's."""
+    import distrax
+
+    logits = jax.random.normal(jax.random.key(0), (5, 4)) * 3.0
+    weights = jax.nn.softmax(logits).at[:, 1].set(0.0)
+    weights = weights / weights.sum(-1, keepdims=True)  # rows with one action pruned
+    close = partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)  # eager dispatch rounds each op alone
+    close(uz.entropy(jnp.log(weights)), distrax.Categorical(probs=weights).entropy())
+    close(uz.entropy(jax.nn.log_softmax(logits)), distrax.Categorical(logits=logits).entropy())
+    assert float(uz.entropy(jnp.log(jnp.array([0.0, 1.0, 0.0])))) == 0.0  # certain: 0, not nan
+    np.testing.assert_allclose(uz.entropy(jnp.log(jnp.full(4, 0.25))), np.log(4.0), rtol=1e-6)
+    gradient = jax.grad(lambda x: uz.entropy(jax.nn.log_softmax(x)).sum())(logits.at[0, 0].set(-200.0))
+    assert np.isfinite(np.asarray(gradient)).all()
+
+
 def test_causal_mask_later_tokens_never_change_earlier_outputs(algo_and_params):
     args, algo, params, forward = algo_and_params
     K, batch = args.num_unroll_steps, 3
