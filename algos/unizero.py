@@ -840,8 +840,8 @@ def entropy(log_probs: jax.Array) -> jax.Array:
     0 log 0 = 0 (the search prunes actions to a weight of exactly 0). Written
     out, not distrax's Categorical.entropy, in the same operations (so the
     compiled programs are the ones of before): importing distrax loads
-    TensorFlow Probability's JAX substrate, about 1 s of every process on a slow
-    2-core CPU for two logged entropies (docs/performance.md, "A second of
+    TensorFlow Probability's JAX substrate, 1.3 s of every process's import on a
+    slow 2-core CPU, for two logged entropies (docs/performance.md, "A second of
     every start"; tests/test_unizero_math.py checks it against distrax)."""
     probs = jnp.exp(log_probs)
     return -jnp.sum(jnp.where(probs == 0, 0.0, log_probs) * probs, axis=-1)
