@@ -1011,6 +1011,7 @@ def collect_step(
     )
     stats = {
         "root_value": transition.root_value.mean(),
+        # Renormalised as distrax's Categorical(probs=...) did, so the logged number is unchanged.
         "search_entropy": entropy(jnp.log(out.action_weights / out.action_weights.sum(-1, keepdims=True))).mean(),
     }
     return state, ({k: info[k] for k in ("episode_done", "episode_return", "episode_length")}, stats)
