@@ -801,7 +801,11 @@ def make_train(args: Args) -> PPO:
 
     def make_optimizer(learning_rate):
         adam = optax.adam(learning_rate, eps=args.adam_eps)
-        return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
+        clipped = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
+        # The optimizer sees all parameters as one vector (optax.flatten): Adam and the global norm
+        # are elementwise or one sum, so this is the same update, in a few kernels instead of a few
+        # per parameter array.
+        return optax.flatten(clipped)
 
     optimizer = optax.inject_hyperparams(make_optimizer)(learning_rate=args.learning_rate)
 
