@@ -801,11 +801,14 @@ def make_train(args: Args) -> PPO:
 
     def make_optimizer(learning_rate):
         adam = optax.adam(learning_rate, eps=args.adam_eps)
-        clipped = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
-        # The optimizer sees all parameters as one vector (optax.flatten): Adam and the global norm
-        # are elementwise or one sum, so this is the same update, in a few kernels instead of a few
-        # per parameter array.
-        return optax.flatten(clipped)
+        clip_then_adam = (
+            optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
+        )
+        # The optimizer sees all parameters as one vector (optax.flatten): Adam is elementwise and the
+        # global norm one sum, so this is the same update (up to that sum's order) in a few kernels
+        # instead of a few per parameter array: a CartPole learn phase 6.0-6.4 -> 5.5 ms, a cold
+        # run 5-7% shorter (docs/ppo.md, detail 21).
+        return optax.flatten(clip_then_adam)
 
     optimizer = optax.inject_hyperparams(make_optimizer)(learning_rate=args.learning_rate)
 
