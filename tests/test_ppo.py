@@ -163,6 +163,20 @@ def test_max_grad_norm_zero_turns_clipping_off(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_adam_keeps_one_vector_of_moments_for_all_parameters(tmp_path):
+    """optax.flatten (docs/ppo.md detail 21): Adam's first and second moments are
+    each one vector as long as all parameters together, with or without the clip."""
+    for max_grad_norm in (0.0, 0.5):
+        state = ppo.make_train(tiny(tmp_path, max_grad_norm=max_grad_norm)).init(jax.random.key(0))
+        num_params = sum(x.size for x in jax.tree.leaves(state.params))
+        moments = [
+            leaf
+            for path, leaf in jax.tree_util.tree_leaves_with_path(state.opt_state)
+            if jax.tree_util.keystr(path).endswith((".mu", ".nu"))
+        ]
+        assert [m.shape for m in moments] == [(num_params,), (num_params,)]
+
+
 def test_unknown_env_id(tmp_path):
     with pytest.raises(ValueError, match="unknown env_id 'Pong-v0'"):
         ppo.main(tiny(tmp_path, env_id="Pong-v0"))
