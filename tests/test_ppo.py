@@ -107,9 +107,20 @@ def test_same_seed_gives_identical_metrics(two_seed_run, tmp_path):
     for name, values in first.metrics.items():
         if name not in runner.CLOCK_COLUMNS:
             np.testing.assert_array_equal(values, second.metrics[name], err_msg=name)
-    # Seed index 1 of a two-seed run is the run of seed 1 alone.
+    # Seed index 1 of a two-seed run is the run of seed 1 alone: the same
+    # episodes to the step, and every loss equal up to float32 rounding (the
+    # vmapped program sums in another order; measured 2026-12-02: 4.8e-7 on an
+    # advantage mean of 8.3, 3.8e-6 on a value loss of 43.5). The policy loss is
+    # a mean of unit-scale terms (normalised advantages) that cancels to ~1e-4,
+    # so its rounding is bounded absolutely (atol), not relative to itself.
     alone = ppo.main(dataclasses.replace(args, run_root=str(tmp_path), seed=1, num_seeds=1))
-    np.testing.assert_allclose(alone.metrics["policy_loss"][0], first.metrics["policy_loss"][1], rtol=1e-5, atol=1e-7)
+    for name, values in first.metrics.items():
+        if name in runner.CLOCK_COLUMNS:
+            continue
+        if name.startswith("episode"):
+            np.testing.assert_array_equal(alone.metrics[name][0], values[1], err_msg=name)
+        else:
+            np.testing.assert_allclose(alone.metrics[name][0], values[1], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_killed_and_resumed_run_matches_uninterrupted(two_seed_run, tmp_path, monkeypatch):
