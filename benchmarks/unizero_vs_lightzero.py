@@ -13,7 +13,13 @@ seconds at which the evaluation first reached `--reach` (default 195), and
 the CPU time per env step of whole processes: ours from the `seedN.time`
 file that benchmarks/unizero.sh writes beside each run (with the seconds the
 process spent outside its training loop: imports, compilation, final
-writes), LightZero's from its CSV's last row.
+writes), LightZero's from its CSV's last row. Last, the median over seeds of
+the seconds from process start to that first evaluation, for each side, and
+their ratio (issue 27's target): ours adds the seconds its process spent
+outside the training loop to the loop's seconds at the crossing; a seed that
+never reached counts as its last evaluation's time, a lower bound, so the
+median is printed as a lower bound (">=") when such a seed falls at or below
+the middle.
 """
 
 from __future__ import annotations
@@ -42,19 +48,27 @@ def ours(run_dir: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     return out
 
 
-def process_cost(run_dir: Path) -> str | None:
-    """Our process as /usr/bin/time saw it: seconds outside the training loop
-    and CPU milliseconds per env step, or None without a seedN.time file."""
+def process_times(run_dir: Path) -> tuple[float, float, float] | None:
+    """Our process as /usr/bin/time saw it: (wall, CPU, seconds outside the
+    training loop), or None without a seedN.time file."""
     args = json.loads((run_dir / "args.json").read_text())
     timing = run_dir.parent / f"seed{args['seed']}.time"
     if args["num_seeds"] != 1 or not timing.exists():
         return None
     wall, user, system = (float(re.search(rf"{name} ([\d.]+) s", timing.read_text())[1])
                           for name in ("wall", "user", "system"))
-    outside = wall - json.loads((run_dir / "eval.json").read_text())["train_seconds"]
+    return wall, user + system, wall - json.loads((run_dir / "eval.json").read_text())["train_seconds"]
+
+
+def process_cost(run_dir: Path) -> str | None:
+    """Seconds outside the training loop and CPU milliseconds per env step of
+    our process, or None without a seedN.time file."""
+    if (times := process_times(run_dir)) is None:
+        return None
+    wall, cpu, outside = times
     steps = logger.read_metrics(run_dir)["global_step"].max()
     return (f"process {wall:,.0f} s, of which {outside:.0f} s outside the training loop; "
-            f"{(user + system) / steps * 1e3:.1f} ms of CPU per env step ({(user + system) / wall:.2f} cores)")
+            f"{cpu / steps * 1e3:.1f} ms of CPU per env step ({cpu / wall:.2f} cores)")
 
 
 def lightzero(csv_path: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -85,6 +99,24 @@ def first_reach(curves, target: float) -> list[str]:
     return cells
 
 
+def seconds_to_reach(curves, target: float, offsets) -> list[tuple[float, bool]]:
+    """Per seed: (seconds to the first evaluation >= target plus its offset,
+    whether it was reached); an unreached seed gives its last evaluation's."""
+    out = []
+    for (_, seconds, returns), offset in zip(curves, offsets):
+        hit = np.flatnonzero(returns >= target)
+        out.append((float(seconds[hit[0] if hit.size else -1] + offset), bool(hit.size)))
+    return out
+
+
+def median_of_censored(times: list[tuple[float, bool]]) -> tuple[float, bool]:
+    """The median of the seeds' seconds, and whether it is exact: not when an
+    unreached seed (a lower bound) is among the values it is taken from."""
+    ordered = sorted(times)
+    middle = ordered[(len(ordered) - 1) // 2 : len(ordered) // 2 + 1]
+    return float(np.mean([t for t, _ in middle])), all(reached for _, reached in middle)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", type=Path, nargs="+",
@@ -100,9 +132,25 @@ def main() -> None:
 
     our_curves = [curve for run_dir in args.run_dirs for curve in ours(run_dir)]
     our_costs = [cost for run_dir in args.run_dirs if (cost := process_cost(run_dir))]
+    their_curves = lightzero(args.lightzero)
     sides = {f"jaxzoo UniZero ({len(our_curves)} seeds)": (our_curves, our_costs, "tab:blue"),
-             "LightZero UniZero (one process per seed)": (lightzero(args.lightzero), lightzero_cpu(args.lightzero),
-                                                          "tab:orange")}
+             "LightZero UniZero (one process per seed)": (their_curves, lightzero_cpu(args.lightzero), "tab:orange")}
+    # From process start: ours adds the seconds outside its loop (our curves' clock is the loop's).
+    outside = [times[2] if (times := process_times(d)) else float("nan") for d in args.run_dirs]
+    if len(outside) != len(our_curves):
+        outside = [float("nan")] * len(our_curves)  # a multi-seed run dir: no per-process split
+    medians = {}
+    sides_from_start = (("jaxzoo", our_curves, outside), ("LightZero", their_curves, [0.0] * len(their_curves)))
+    for label, curves, offsets in sides_from_start:
+        times = seconds_to_reach(curves, args.reach, offsets)
+        medians[label] = median_of_censored(times)
+        cells = ", ".join(f"{t:,.0f}" + ("" if reached else " (not reached: a lower bound)") for t, reached in times)
+        print(f"{label}: seconds from process start to the first evaluation >= {args.reach:g}: {cells}; "
+              f"median {'' if medians[label][1] else '>= '}{medians[label][0]:,.1f}")
+    (ours_median, ours_exact), (theirs_median, theirs_exact) = medians["jaxzoo"], medians["LightZero"]
+    if ours_exact:
+        print(f"LightZero / jaxzoo, medians from process start: {'' if theirs_exact else '>= '}"
+              f"{theirs_median / ours_median:.2f}x")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, (curves, costs, color) in sides.items():
         print(f"{label}: first evaluation >= {args.reach:g}:")

@@ -239,3 +239,26 @@ def test_sweep_seeds_pools_runs_weights_episodes_and_reads_greedy(tmp_path):
     np.testing.assert_allclose(table[2], (1.0, 3.0, 6.5))
     with pytest.raises(SystemExit, match="no run 'b'.*runs found: a, a_s2"):
         sweep_seeds.group_table(rows, greedy, ["b"])
+
+
+def test_vs_lightzero_medians_count_an_unreached_seed_as_a_lower_bound():
+    """benchmarks/unizero_vs_lightzero.py (issue 27's UniZero row): seconds from
+    process start to the first evaluation >= 195 add each seed's offset (ours:
+    the seconds outside the training loop); a seed that never reached gives its
+    last evaluation's time, and a median taken over such a value is only a
+    lower bound."""
+    script = ROOT / "benchmarks" / "unizero_vs_lightzero.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_vs_lightzero", script)
+    vs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs)
+    steps = np.array([1000.0, 2000.0, 3000.0])
+    curves = [
+        (steps, np.array([10.0, 20.0, 30.0]), np.array([50.0, 199.0, 200.0])),  # reached at 20 s
+        (steps, np.array([12.0, 24.0, 36.0]), np.array([50.0, 60.0, 70.0])),  # never: 36 s, a lower bound
+    ]
+    assert vs.seconds_to_reach(curves, 195.0, [5.0, 1.0]) == [(25.0, True), (37.0, False)]
+    # Four seeds: the middle two are reached, so the median is exact even though the slowest never was.
+    assert vs.median_of_censored([(300.0, True), (1300.0, False), (850.0, True), (290.0, True)]) == (575.0, True)
+    # An unreached seed among the middle two makes the median a lower bound.
+    assert vs.median_of_censored([(300.0, True), (700.0, False), (1300.0, False), (290.0, True)]) == (500.0, False)
+    assert vs.median_of_censored([(40.0, True), (60.0, True), (90.0, True)]) == (60.0, True)
