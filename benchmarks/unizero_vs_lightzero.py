@@ -110,11 +110,14 @@ def seconds_to_reach(curves, target: float, offsets) -> list[tuple[float, bool]]
 
 
 def median_of_censored(times: list[tuple[float, bool]]) -> tuple[float, bool]:
-    """The median of the seeds' seconds, and whether it is exact: not when an
-    unreached seed (a lower bound) is among the values it is taken from."""
+    """The median of the seeds' seconds, and whether it is exact. An unreached
+    seed's value is a lower bound: above the middle its true value cannot move
+    the median, at or below the middle it can only raise it (then the median is
+    a lower bound too)."""
     ordered = sorted(times)
     middle = ordered[(len(ordered) - 1) // 2 : len(ordered) // 2 + 1]
-    return float(np.mean([t for t, _ in middle])), all(reached for _, reached in middle)
+    exact = all(reached for _, reached in ordered[: len(ordered) // 2 + 1])
+    return float(np.mean([t for t, _ in middle])), exact
 
 
 def main() -> None:

@@ -261,4 +261,6 @@ def test_vs_lightzero_medians_count_an_unreached_seed_as_a_lower_bound():
     assert vs.median_of_censored([(300.0, True), (1300.0, False), (850.0, True), (290.0, True)]) == (575.0, True)
     # An unreached seed among the middle two makes the median a lower bound.
     assert vs.median_of_censored([(300.0, True), (700.0, False), (1300.0, False), (290.0, True)]) == (500.0, False)
+    # So does one below the middle: its true time may be above the middle two.
+    assert vs.median_of_censored([(100.0, False), (300.0, True), (400.0, True), (500.0, True)]) == (350.0, False)
     assert vs.median_of_censored([(40.0, True), (60.0, True), (90.0, True)]) == (60.0, True)
