@@ -309,12 +309,25 @@ if [[ $what == vs-lightzero-lr ]]; then
   # The vs-lightzero runs at LR (default 1e-3, ten times LightZero's: the breakout-minatar
   # preset's step), 10k env steps each; not part of `all`. FLAGS adds flags (issue 27: fewer
   # or smaller gradient steps, e.g. FLAGS="--replay-ratio 0.125"), TAG names those runs.
+  # WARM=1 runs them with JAX's compilation cache warm instead of without it (the file's default
+  # from the second run of the same settings on): a fresh cache in $OUT/<name>-cache, filled by
+  # one 1,000-step run of the same settings first (docs/unizero.md, "Both sides again on one
+  # machine, medians").
   lr=${LR:-1e-3}
-  name=vs-lightzero-lr$lr${TAG:+-$TAG}
+  name=vs-lightzero-lr$lr${TAG:+-$TAG}${WARM:+-warm}
   rm -rf "$OUT/$name"
+  cache_flags=(--no-compile-cache)
+  if [[ -n ${WARM:-} ]]; then
+    export JAXZOO_CACHE_DIR=$OUT/$name-cache
+    rm -rf "$JAXZOO_CACHE_DIR" "$OUT/$name-fill"
+    cache_flags=()
+    # shellcheck disable=SC2086  # FLAGS is a list of flags
+    $PY algos/unizero.py --preset cartpole-v0 --eval-every 5 --total-timesteps 1000 --learning-rate "$lr" \
+      --run-root "$OUT/$name-fill" ${FLAGS:-}
+  fi
   # shellcheck disable=SC2086  # FLAGS is a list of flags
-  one_process_per_seed "$OUT/$name" --preset cartpole-v0 --eval-every 5 --no-compile-cache \
-    --total-timesteps 10000 --learning-rate "$lr" --exp-name "unizero-v0-lr$lr${TAG:+-$TAG}" ${FLAGS:-}
+  one_process_per_seed "$OUT/$name" --preset cartpole-v0 --eval-every 5 "${cache_flags[@]}" \
+    --total-timesteps 10000 --learning-rate "$lr" --exp-name "unizero-v0-lr$lr${TAG:+-$TAG}${WARM:+-warm}" ${FLAGS:-}
   [[ -n ${TAG:-} ]] || $PY benchmarks/unizero_vs_lightzero.py $OUT/$name/*/ \
     --out docs/img/unizero_lr_vs_lightzero_cartpole_v0.png
 fi
