@@ -20,8 +20,9 @@ needs_rliable = pytest.mark.skipif(
 )
 
 
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("benchmarks_results", ROOT / "benchmarks" / "results.py")
+def load_benchmark(name: str = "results"):
+    """benchmarks/<name>.py as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -157,9 +158,7 @@ def test_summarize_window_means_pool_each_window_of_env_steps(ppo_run):
     """benchmarks/summarize.py --windows (docs/ppo.md's Breakout table): the mean
     of a metric over the rows whose global_step falls in (end - window, end],
     seeds pooled, against the same mean computed from metrics.csv by hand."""
-    spec = importlib.util.spec_from_file_location("benchmarks_summarize", ROOT / "benchmarks" / "summarize.py")
-    summarize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summarize)
+    summarize = load_benchmark("summarize")
     _, result = ppo_run
     rows = logger.read_metrics(result.run_dir)
     steps, values = rows["global_step"], rows["episode_return"]
@@ -178,9 +177,7 @@ def test_summarize_episode_windows_weight_each_update_by_its_finished_episodes(p
     tables): per seed, the mean return of the episodes that ended in a window is
     the rows' episode_return weighted by episodes_finished, against the sum
     worked out row by row from metrics.csv."""
-    spec = importlib.util.spec_from_file_location("benchmarks_summarize", ROOT / "benchmarks" / "summarize.py")
-    summarize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summarize)
+    summarize = load_benchmark("summarize")
     _, result = ppo_run
     rows = logger.read_metrics(result.run_dir)
     window = int(np.ptp(rows["global_step"]) // 3) or 1
@@ -206,9 +203,7 @@ def test_sweep_seeds_pools_runs_weights_episodes_and_reads_greedy(tmp_path):
     come from the `per seed:` list under each run's `== name` header."""
     import gzip
 
-    spec = importlib.util.spec_from_file_location("benchmarks_sweep_seeds", ROOT / "benchmarks" / "sweep_seeds.py")
-    sweep_seeds = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep_seeds)
+    sweep_seeds = load_benchmark("sweep_seeds")
     header = "run,update,global_step,seed_index,seed,episode_return,episodes_finished\n"
     # Run "a" (seeds 0 and 1) to 240k; seed 1 has a row with no finished episode (NaN return).
     first = (
@@ -245,12 +240,9 @@ def test_vs_lightzero_medians_count_an_unreached_seed_as_a_lower_bound():
     """benchmarks/unizero_vs_lightzero.py (issue 27's UniZero row): seconds from
     process start to the first evaluation >= 195 add each seed's offset (ours:
     the seconds outside the training loop); a seed that never reached gives its
-    last evaluation's time, and a median taken over such a value is only a
-    lower bound."""
-    script = ROOT / "benchmarks" / "unizero_vs_lightzero.py"
-    spec = importlib.util.spec_from_file_location("benchmarks_vs_lightzero", script)
-    vs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(vs)
+    last evaluation's time, and a median is only a lower bound when such a
+    seed sorts at or below the middle."""
+    vs = load_benchmark("unizero_vs_lightzero")
     steps = np.array([1000.0, 2000.0, 3000.0])
     curves = [
         (steps, np.array([10.0, 20.0, 30.0]), np.array([50.0, 199.0, 200.0])),  # reached at 20 s
