@@ -278,7 +278,10 @@ def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
     """Inverted dropout; identity without a key (acting, evaluation) or at rate 0."""
     if key is None or rate == 0.0:
         return x
-    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    # Drawn as one flat vector, then reshaped: the same bits (threefry's counter is each
+    # element's flat index), but XLA:CPU compiles a draw of a 4-D shape such as the
+    # attention weights' [B, H, T, T] slowly (docs/performance.md, "Random draws").
+    keep = jax.random.bernoulli(key, 1.0 - rate, (x.size,)).reshape(x.shape)
     return jnp.where(keep, x / (1.0 - rate), 0.0)
 
 

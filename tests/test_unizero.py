@@ -150,6 +150,24 @@ def test_bad_input(tmp_path):
         uz.Args(priority_correction=0.5)
 
 
+@pytest.mark.parametrize("algo", ["unizero", "unizero_ppo"])
+def test_dropout_draws_the_bits_of_a_draw_in_its_own_shape(algo):
+    """Both files draw dropout's mask flat and reshape it (a compile-time saving,
+    docs/performance.md): the mask must be the one a draw in x's own shape
+    gives, so results from before the change still reproduce."""
+    import importlib
+
+    module = importlib.import_module(f"jaxzoo.algos.{algo}")
+    key, rate = jax.random.key(7), 0.1
+    for shape in [(256, 2, 10, 10), (3, 5, 64), (8,)]:
+        x = jax.random.normal(jax.random.key(1), shape) + 2.0  # no zeros: a dropped entry is 0 exactly
+        keep = np.asarray(jax.random.bernoulli(key, 1.0 - rate, shape))
+        got = np.asarray(jax.jit(module.dropout, static_argnums=1)(x, rate, key))
+        np.testing.assert_array_equal(got != 0, keep)
+        np.testing.assert_allclose(got[keep], np.asarray(x)[keep] / (1.0 - rate), rtol=1e-6)
+        assert 0 < (~keep).mean() < 0.2
+
+
 def test_max_grad_norm_zero_turns_clipping_off():
     """--max-grad-norm 0 means no clipping (docs/glossary.md), not a clip to
     norm 0 that zeroes every update: the first update's gradient steps move the
