@@ -24,7 +24,8 @@ directory is locked for the run's life; SIGINT / SIGTERM write a checkpoint at
 the next chunk boundary and exit with 128 + the signal number. `init` and `evaluate` run once, so they are
 compiled without LLVM optimisation (half the compile time, which matters more
 than their run time) and on a background thread: `init` while Python traces the
-chunk, the evaluation while training runs, so most of their compile time is
+chunk, the evaluation while the first chunk runs (a periodic evaluation, compiled
+optimised: while XLA compiles the chunk), so most of their compile time is
 hidden.
 
 The `args` dataclass must have the shared fields: exp_name, seed, num_seeds,
@@ -464,6 +465,15 @@ def _run_locked(
         chunk_lowered = jax.jit(
             over_seeds(chunk, args.num_seeds, (0, None, None)), donate_argnums=0, **shardings
         ).lower(abstract_state, jnp.int32(0), jnp.int32(0))
+    compile_evaluation = partial(_compile_evaluation, args, evaluate, abstract_state, placement, eval_every)
+    # A periodic evaluation is traced and compiled on the background thread (after `init`) while
+    # XLA compiles the chunk here: that compile leaves a core idle for part of its time (its HLO
+    # passes run on one thread), and the first chunks then run with no compile beside them. A cold
+    # UniZero CartPole-v0 run evaluated every 5 updates reached its second evaluation about 3 s
+    # sooner (docs/performance.md, "The evaluation compiled beside the chunk"). The final-only
+    # evaluation waits for the first chunk to run, as before: beside the chunk's compile it made a
+    # cold PPO CartPole run about 1% slower.
+    compiled_eval = background.submit(compile_evaluation) if eval_every else None
     if args.resume is None:
         state = init_compiled.result()(seeds)
     run_chunk = chunk_lowered.compile()
@@ -488,7 +498,8 @@ def _run_locked(
             trace_count,
             state,
             seeds,
-            evaluate,
+            compile_evaluation,
+            compiled_eval,
             abstract_state,
             updates_done,
             clock_before_resume,
@@ -512,7 +523,8 @@ def _train(
     trace_count,
     state,
     seeds,
-    evaluate,
+    compile_evaluation: Callable,
+    compiled_eval: Future | None,
     abstract_state,
     updates_done,
     clock_before_resume,
@@ -534,8 +546,8 @@ def _train(
         run_dir,
         run_log,
         background,
-        # Traced in the background: the first chunk runs meanwhile (0.2 s of a CartPole run's start).
-        background.submit(_lower_evaluation, args, evaluate, abstract_state, placement, eval_every),
+        compile_evaluation,
+        compiled_eval,
         abstract_state,
         clock_before_resume,
         num_updates,
@@ -587,16 +599,17 @@ def evaluation_program(args, evaluate: Callable, eval_every: int = 0, **sharding
     )
 
 
-def _lower_evaluation(args, evaluate: Callable, abstract_state, placement: Placement, eval_every: int):
-    """`evaluation_program` placed on the run's devices and lowered (compiled
-    later, in the background)."""
+def _compile_evaluation(args, evaluate: Callable, abstract_state, placement: Placement, eval_every: int):
+    """`evaluation_program` placed on the run's devices, lowered and compiled
+    (on the background thread)."""
     shardings: dict[str, Any] = (
         {"in_shardings": (placement.state, placement.outputs), "out_shardings": placement.outputs}
         if placement.layout.mesh is not None
         else {}
     )
     with placement.layout.tracing():
-        return evaluation_program(args, evaluate, eval_every, **shardings).lower(abstract_state, placement.seeds)
+        lowered = evaluation_program(args, evaluate, eval_every, **shardings).lower(abstract_state, placement.seeds)
+    return lowered.compile()
 
 
 class _ChunkLoop:
@@ -616,7 +629,8 @@ class _ChunkLoop:
         run_dir,
         run_log,
         background: ThreadPoolExecutor,
-        eval_lowered: Future,
+        compile_evaluation: Callable,
+        compiled_eval: Future | None,
         abstract_state,
         clock_before_resume: float,
         num_updates: int,
@@ -624,10 +638,10 @@ class _ChunkLoop:
         eval_every: int,
     ):
         self.args, self.run_dir, self.run_log, self.background = args, run_dir, run_log, background
-        self.eval_lowered, self.abstract_state = eval_lowered, abstract_state
+        self.compile_evaluation, self.abstract_state = compile_evaluation, abstract_state
         self.clock_before_resume = clock_before_resume
         self.num_updates, self.steps_per_update, self.eval_every = num_updates, steps_per_update, eval_every
-        self.compiled_eval: Any = None  # a future, started once the first chunk has run
+        self.compiled_eval = compiled_eval  # a future: started by `run`, or once the first chunk has run
         self.history: dict[str, list[np.ndarray]] = {}  # metric -> [num_seeds, updates] per recorded chunk
         self.last_clock = time.perf_counter()  # when the last recorded chunk ended
         self.seconds_per_update: float | None = None  # the slowest chunk's, once one is recorded
@@ -657,8 +671,6 @@ class _ChunkLoop:
                 state, metrics, health = run_chunk(
                     state, jnp.int32(self.dispatched), jnp.int32(self.dispatched + count)
                 )
-                if eval_every:
-                    self.start_eval_compile()  # compiles while the first chunk runs
                 first, self.dispatched = self.dispatched, self.dispatched + count
                 in_flight = (metrics, health, first, count)
             if previous is not None:
@@ -741,20 +753,21 @@ class _ChunkLoop:
         check_health(health, self.abstract_state, metrics, first_update, args, self.run_dir)
         self.start_eval_compile()
 
-    def start_eval_compile(self) -> None:
+    def start_eval_compile(self) -> Future:
+        """The compiled evaluation's future, started now if `run` did not start it."""
         if self.compiled_eval is None:
             # Lowered, then compiled, by the one background thread while chunks run.
-            self.compiled_eval = self.background.submit(lambda: self.eval_lowered.result().compile())
+            self.compiled_eval = self.background.submit(self.compile_evaluation)
         elif self.compiled_eval.done():
             self.compiled_eval.result()  # an evaluation that fails to trace or compile stops the run now, not at its end
+        return self.compiled_eval
 
     def evaluate_now(self, state, seeds: np.ndarray) -> tuple[jax.Array, float]:
         """The evaluation of the state just dispatched: (returns [num_seeds,
         eval_episodes], the moment the chunk and its evaluation were done, which
         is its row's wall_seconds though the row is written after the next
         dispatch)."""
-        self.start_eval_compile()
-        evaluation = self.split_video(self.compiled_eval.result()(state, seeds), seeds)
+        evaluation = self.split_video(self.start_eval_compile().result()(state, seeds), seeds)
         jax.block_until_ready(evaluation)  # before the next chunk takes (donates) the state
         finished_at = time.perf_counter()
         if self.dispatched == self.num_updates:
@@ -783,8 +796,8 @@ class _ChunkLoop:
         then refuses non-finite returns)."""
         eval_returns = self.eval_returns
         if eval_returns is None:
-            self.start_eval_compile()  # a no-op unless resumed at the end (no chunk ran)
-            eval_returns = parallel.to_host(self.split_video(self.compiled_eval.result()(state, seeds), seeds))
+            # (started here only when no chunk ran: resumed at the end)
+            eval_returns = parallel.to_host(self.split_video(self.start_eval_compile().result()(state, seeds), seeds))
         for written in self.videos:
             written.result()  # raises what the writer raised
         return eval_returns
