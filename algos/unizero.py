@@ -317,7 +317,7 @@ def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
     # Drawn as one flat vector, then reshaped: the same bits (threefry's counter is each
     # element's flat index), but XLA:CPU compiles a draw of a 4-D shape such as the
     # attention weights' [B, H, T, T] slowly: 2.0-3.4 s for [256, 2, 10, 10] against 0.2 s
-    # flat, about 4 s of UniZero's CartPole compile (docs/performance.md, "Random draws").
+    # flat, about 3 s off the CartPole learn phase's compile (docs/performance.md, "Random draws").
     keep = jax.random.bernoulli(key, 1.0 - rate, (x.size,)).reshape(x.shape)
     return jnp.where(keep, x / (1.0 - rate), 0.0)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-terminal|breakout-500k-puct|breakout-500k-puct-decay|breakout-500k-puct-decay-terminal|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-terminal|breakout-500k-puct|breakout-500k-puct-decay|breakout-500k-puct-decay-terminal|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|vs-lightzero-interleaved|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -330,6 +330,27 @@ if [[ $what == vs-lightzero-lr ]]; then
     --total-timesteps 10000 --learning-rate "$lr" --exp-name "unizero-v0-lr$lr${TAG:+-$TAG}${WARM:+-warm}" ${FLAGS:-}
   [[ -n ${TAG:-} ]] || $PY benchmarks/unizero_vs_lightzero.py $OUT/$name/*/ \
     --out docs/img/unizero_lr_vs_lightzero_cartpole_v0.png
+fi
+if [[ $what == vs-lightzero-interleaved ]]; then
+  # Issue 27's side by side as interleaved blocks on one machine: LightZero seeds 0 and 1 (one core
+  # each, benchmarks/lightzero_unizero.sh with PARALLEL=2, MAX_WALL_SECONDS caps an unlucky seed),
+  # then ours seeds 0 and 1 (cold, one process each, lr 1e-3, half the replay ratio), then
+  # LightZero 2 and 3, then ours 2 and 3. STEPS (default 10000) is each of our runs' length; the
+  # run in docs/unizero.md gave seeds 0-2 3,000 (past their first evaluation >= 195) and seed 3
+  # 10,000. Not part of `all`; needs LIGHTZERO_PYTHON (benchmarks/lightzero_unizero.sh).
+  name=vs-lightzero-interleaved
+  rm -rf "$OUT/$name" benchmarks/out/lightzero_unizero
+  for pair in "0 1" "2 3"; do
+    SEEDS="$pair" PARALLEL=2 MAX_WALL_SECONDS=${MAX_WALL_SECONDS:-600} MAX_ENV_STEP=20000 \
+      bash benchmarks/lightzero_unizero.sh
+    for seed in $pair; do
+      timed_unizero "$OUT/$name" "$seed" --seed "$seed" --run-root "$OUT/$name" --preset cartpole-v0 \
+        --eval-every 5 --no-compile-cache --total-timesteps "${STEPS:-10000}" --learning-rate 1e-3 \
+        --replay-ratio 0.125 --exp-name unizero-v0-lr1e-3-rr0.125
+    done
+  done
+  $PY benchmarks/unizero_vs_lightzero.py "$OUT/$name"/*/ --lightzero docs/data/lightzero_unizero_cartpole_v0.csv \
+    --out "$OUT/$name.png"
 fi
 if [[ $what == puct || $what == all ]]; then
   # PUCT with LightZero's 25 simulations, evaluated as the vs-lightzero runs (Gumbel, 16) are:
