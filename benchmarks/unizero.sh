@@ -337,7 +337,8 @@ if [[ $what == vs-lightzero-interleaved ]]; then
   # then ours seeds 0 and 1 (cold, one process each, lr 1e-3, half the replay ratio), then
   # LightZero 2 and 3, then ours 2 and 3. STEPS (default 10000) is each of our runs' length; the
   # run in docs/unizero.md gave seeds 0-2 3,000 (past their first evaluation >= 195) and seed 3
-  # 10,000. Not part of `all`; needs LIGHTZERO_PYTHON (benchmarks/lightzero_unizero.sh).
+  # 10,000. Not part of `all`; needs LIGHTZERO_PYTHON (benchmarks/lightzero_unizero.sh, which
+  # rewrites docs/data/lightzero_unizero_cartpole_v0.csv with the seeds it runs).
   name=vs-lightzero-interleaved
   rm -rf "$OUT/$name" benchmarks/out/lightzero_unizero
   for pair in "0 1" "2 3"; do

@@ -2,6 +2,7 @@
 a hyperparameter sweep, the command line, bad input."""
 
 import dataclasses
+import importlib
 import importlib.util
 import os
 import subprocess
@@ -155,8 +156,6 @@ def test_dropout_draws_the_bits_of_a_draw_in_its_own_shape(algo):
     """Both files draw dropout's mask flat and reshape it (a compile-time saving,
     docs/performance.md): the mask must be the one a draw in x's own shape
     gives, so results from before the change still reproduce."""
-    import importlib
-
     module = importlib.import_module(f"jaxzoo.algos.{algo}")
     key, rate = jax.random.key(7), 0.1
     for shape in [(256, 2, 10, 10), (3, 5, 64), (8,)]:
