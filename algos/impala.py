@@ -1548,7 +1548,8 @@ def main_sebulba(args: Args) -> SebulbaResult:
 def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
     run directory, metrics.csv, progress, checkpoints, resume), then evaluate greedily."""
-    args = runner.prepare(args, "impala")  # resume, run-root and cache checks, before anything is built
+    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
+    args = runner.prepare(args, "impala", data_size=lambda args: args.num_envs)
     if args.architecture == "sebulba":  # actor threads and a learner on the host (docs/impala.md, Actor-learner)
         return main_sebulba(args)
     impala = make_train(args)

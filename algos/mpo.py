@@ -848,7 +848,8 @@ def make_train(args: Args) -> MPO:
 def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
     run directory, metrics.csv, progress, checkpoints with replay, resume), then evaluate."""
-    args = runner.prepare(args, "mpo")  # resume, run-root and cache checks, before anything is built
+    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
+    args = runner.prepare(args, "mpo", data_size=lambda args: args.num_envs)
     algo = make_train(args)
     return runner.run(
         args,

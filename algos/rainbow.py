@@ -949,7 +949,8 @@ def make_train(args: Args) -> Rainbow:
 def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
     run directory, metrics.csv, progress, checkpoints with replay, resume), then evaluate greedily."""
-    args = runner.prepare(args, "rainbow")  # resume, run-root and cache checks, before anything is built
+    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
+    args = runner.prepare(args, "rainbow", data_size=lambda args: args.num_envs)
     algo = make_train(args)
     return runner.run(
         args,

@@ -1029,11 +1029,14 @@ def evaluate_greedy(eval_env, env_params, search, args: Args, max_steps: int, st
     reset_key, key = jax.random.split(key)
     obs, env_state = eval_env.reset(reset_key, env_params)
     E = args.eval_episodes
+    # --parallel data: the episodes' searches are split over the devices as collection's are, when E
+    # is a multiple of them (on one device a search of 10 episodes runs on one core: docs/unizero.md).
+    shard = parallel.constrain_data if E % parallel.data_device_count() == 0 else lambda tree: tree
 
     def body(carry):
         obs, env_state, timestep, history, key, finished, returns, t = carry
         key, search_key, step_key = jax.random.split(key, 3)
-        history = observe(history, obs, timestep)
+        history = shard(observe(history, obs, timestep))
         action = search(state.params, history, search_key, False, state.hparams).action
         obs, env_state, _, terminated, truncated, info = eval_env.step(step_key, env_state, action, env_params)
         done = terminated | truncated
@@ -1398,7 +1401,8 @@ def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
     run directory, metrics.csv, progress, checkpoints with replay, resume), then
     evaluate greedily with the search."""
-    args = runner.prepare(args, "unizero")  # resume, run-root and cache checks, before anything is built
+    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
+    args = runner.prepare(args, "unizero", data_size=lambda args: args.num_envs)
     algo = make_train(args)
     return runner.run(
         args,

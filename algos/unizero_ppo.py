@@ -1099,7 +1099,8 @@ def make_train(args: Args) -> UniZeroPPO:
 def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` phases (common/runner.py),
     then evaluate the pure policy greedily and, with --eval-search, with search."""
-    args = runner.prepare(args, "unizero_ppo")  # resume, run-root and cache checks, before anything is built
+    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
+    args = runner.prepare(args, "unizero_ppo", data_size=lambda args: args.num_envs)
     algo = make_train(args)
     result = runner.run(
         args,

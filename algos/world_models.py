@@ -1820,7 +1820,8 @@ def main(args: Args) -> dict:
     from --source-run; then evaluate the final controller (the CMA-ES mean)
     over `eval_episodes` real episodes. Returns a summary (also eval.json)
     with the stages' final states under "outputs"."""
-    args = runner.prepare(args, "world_models")  # resume, run-root and cache checks, before anything is built
+    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
+    args = runner.prepare(args, "world_models", data_size=lambda args: args.num_rollouts)
     if STAGES.index(args.stages[0]) > 0 and args.source_run is None:
         raise ValueError(
             f"stages {list(args.stages)} start after {STAGES[0]!r}: pass --source-run RUN_DIR, a run "

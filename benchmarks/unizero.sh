@@ -338,20 +338,28 @@ if [[ $what == vs-lightzero-interleaved ]]; then
   # LightZero 2 and 3, then ours 2 and 3. STEPS (default 10000) is each of our runs' length; the
   # run in docs/unizero.md gave seeds 0-2 3,000 (past their first evaluation >= 195) and seed 3
   # 10,000. Not part of `all`; needs LIGHTZERO_PYTHON (benchmarks/lightzero_unizero.sh, which
-  # rewrites docs/data/lightzero_unizero_cartpole_v0.csv with the seeds it runs).
+  # rewrites docs/data/lightzero_unizero_cartpole_v0.csv with the seeds it runs). LAYOUTS (default
+  # "auto") runs each of our seeds once per `--parallel` value listed, in the same block (e.g.
+  # LAYOUTS="data off": one seed's batch over every core, then one device), each in its own folder.
   name=vs-lightzero-interleaved
   rm -rf "$OUT/$name" benchmarks/out/lightzero_unizero
   for pair in "0 1" "2 3"; do
     SEEDS="$pair" PARALLEL=2 MAX_WALL_SECONDS=${MAX_WALL_SECONDS:-600} MAX_ENV_STEP=20000 \
       bash benchmarks/lightzero_unizero.sh
     for seed in $pair; do
-      timed_unizero "$OUT/$name" "$seed" --seed "$seed" --run-root "$OUT/$name" --preset cartpole-v0 \
-        --eval-every 5 --no-compile-cache --total-timesteps "${STEPS:-10000}" --learning-rate 1e-3 \
-        --replay-ratio 0.125 --exp-name unizero-v0-lr1e-3-rr0.125
+      for layout in ${LAYOUTS:-auto}; do
+        root=$OUT/$name${LAYOUTS:+/$layout}
+        timed_unizero "$root" "$seed" --seed "$seed" --run-root "$root" --preset cartpole-v0 \
+          --eval-every 5 --no-compile-cache --total-timesteps "${STEPS:-10000}" --learning-rate 1e-3 \
+          --replay-ratio 0.125 --parallel "$layout" --exp-name unizero-v0-lr1e-3-rr0.125
+      done
     done
   done
-  $PY benchmarks/unizero_vs_lightzero.py "$OUT/$name"/*/ --lightzero docs/data/lightzero_unizero_cartpole_v0.csv \
-    --out "$OUT/$name.png"
+  for layout in ${LAYOUTS:-auto}; do
+    root=$OUT/$name${LAYOUTS:+/$layout}
+    $PY benchmarks/unizero_vs_lightzero.py "$root"/*/ --lightzero docs/data/lightzero_unizero_cartpole_v0.csv \
+      --out "$root.png"
+  done
 fi
 if [[ $what == puct || $what == all ]]; then
   # PUCT with LightZero's 25 simulations, evaluated as the vs-lightzero runs (Gumbel, 16) are:

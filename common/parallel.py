@@ -21,7 +21,8 @@ Two ways to use more than one device, chosen by `--parallel`:
 
 On a CPU, `split_cpu` first makes one JAX device per core that divides
 num_seeds (auto and seeds modes), so a multi-seed run's seeds run on every
-core at once; `--parallel off` keeps the one device.
+core at once, or in data mode one per core that divides the data axis, so
+one run's batch does; `--parallel off` keeps the one device.
 
 With `--distributed`, `jax.distributed.initialize` joins the processes of a
 cluster (SLURM, Open MPI and TPU pods are detected by JAX; elsewhere pass
@@ -134,6 +135,14 @@ def constrain_data(tree, axis: int = 0):
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
 
 
+def data_device_count() -> int:
+    """The devices `constrain_data` splits a batch over while a data-mode
+    program is traced (1 otherwise): for a batch that is sharded only when its
+    size is a multiple of them (UniZero's evaluation episodes)."""
+    mesh = _DATA_MESH.get()
+    return 1 if mesh is None else mesh.size
+
+
 def make_layout(
     parallel: str, num_seeds: int, data_size: int | None = None, data_name: str = "the data axis", why_no_data: str = ""
 ) -> Layout:
@@ -196,32 +205,41 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def cpu_split(parallel: str, num_seeds: int, distributed: bool, cores: int) -> int:
-    """How many CPU devices `split_cpu` asks for: the largest count that
-    divides num_seeds and is at most `cores`, in auto and seeds modes of a
-    single-process run; 1 (no split) otherwise. With --distributed the device
-    count is the cluster's business (and each process's count would multiply
-    by the process count)."""
-    if parallel not in ("auto", "seeds") or distributed:
+def cpu_split(parallel: str, num_seeds: int, distributed: bool, cores: int, data_size: int | None = None) -> int:
+    """How many CPU devices `split_cpu` asks for, in a single-process run: in
+    auto and seeds modes the largest count that divides num_seeds and is at
+    most `cores`; in data mode the largest that divides `data_size` (the
+    algorithm's data axis; None: it has no data mode) and is at most `cores`;
+    1 (no split) otherwise. With --distributed the device count is the
+    cluster's business (and each process's count would multiply by the
+    process count)."""
+    if distributed:
         return 1
-    return math.gcd(num_seeds, max(cores, 1))
+    if parallel in ("auto", "seeds"):
+        return math.gcd(num_seeds, max(cores, 1))
+    if parallel == "data" and data_size:
+        return math.gcd(data_size, max(cores, 1))
+    return 1
 
 
-def split_cpu(args) -> int:
+def split_cpu(args, data_size: int | None = None) -> int:
     """Before JAX creates its CPU backend: one CPU device per core that divides
     `args.num_seeds` (`jax_num_cpu_devices`, `cpu_split`), so `--parallel auto`
     shards the seeds over them and each device runs its seeds' program on its
-    own thread. XLA:CPU spreads only the larger operations of one program over
-    the cores; the small ones of an RL update (an MLP on a batch of 128, a
-    CartPole step) run one after another on one core. Measured on 2 cores
-    (docs/performance.md, "Seeds on every core"): training loops 1.15-1.6x
-    faster with 4 or 8 seeds. Returns the count asked for, or 1 when nothing
-    was changed: one seed, `--parallel off` or `data`, `--distributed`, a
-    device count the user set (XLA_FLAGS' --xla_force_host_platform_device_count
-    or jax_num_cpu_devices), or a backend that already exists (`main` called
-    in a process that has run JAX: its devices stay as they are). Accelerators
-    are untouched: on a GPU or TPU machine the CPU devices go unused."""
-    count = cpu_split(args.parallel, args.num_seeds, args.distributed, available_cores())
+    own thread; with `--parallel data`, one per core that divides `data_size`
+    (the algorithm's data axis), so one run's batch is split over them. XLA:CPU
+    spreads only the larger operations of one program over the cores; the
+    small ones of an RL update (an MLP on a batch of 128, a CartPole step, a
+    search's simulation) run one after another on one core. Measured on 2
+    cores (docs/performance.md, "Seeds on every core", "One seed on every
+    core"): training loops 1.15-1.6x faster with 4 or 8 seeds. Returns the
+    count asked for, or 1 when nothing was changed: one seed in auto mode,
+    `--parallel off`, `--distributed`, a device count the user set (XLA_FLAGS'
+    --xla_force_host_platform_device_count or jax_num_cpu_devices), or a
+    backend that already exists (`main` called in a process that has run JAX:
+    its devices stay as they are). Accelerators are untouched: on a GPU or TPU
+    machine the CPU devices go unused."""
+    count = cpu_split(args.parallel, args.num_seeds, args.distributed, available_cores(), data_size)
     user_set = "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "") or (
         getattr(jax.config, "jax_num_cpu_devices", -1) != -1
     )

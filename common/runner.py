@@ -233,19 +233,22 @@ def locked_run_dir(run_dir: str | Path):
 package_version = checkpoint.package_version
 
 
-def prepare(args, algorithm: str):
+def prepare(args, algorithm: str, data_size: Callable[[Any], int] | None = None):
     """The first call of every algorithm's `main`, before anything is built:
     resolve `--resume` (refusing another algorithm's run and flags that differ
     from the saved run), refuse an unusable `--run-root`, and set up JAX's
     compilation cache; with --capture-video, check the video writer is
-    installed (before training, not after it). Returns the Args to run with."""
+    installed (before training, not after it). `data_size` (Args -> the size
+    of the data axis, for a file with a data mode) lets `--parallel data` use
+    one CPU device per core. Returns the Args to run with."""
     args = cli.resolve_resume(args, algorithm)
     if args.capture_video:
         from jaxzoo import video
 
         video.check_writer()
     parallel.initialize_distributed(args)  # before any other JAX call
-    parallel.split_cpu(args)  # on a CPU, the seeds over every core (before JAX creates its backend)
+    # On a CPU, the seeds (or with --parallel data one run's batch) over every core, before JAX creates its backend.
+    parallel.split_cpu(args, data_size(args) if data_size is not None else None)
     if args.resume is None:
         cli.check_run_root(args.run_root)
     elif not Path(args.resume).is_dir():

@@ -25,6 +25,7 @@ import importlib
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -403,23 +404,30 @@ def test_two_processes_of_two_devices_match_one_process_of_four_and_resume_toget
 # Seeds on every core of a CPU (parallel.split_cpu)
 # --------------------------------------------------------------------------- #
 @pytest.mark.parametrize(
-    "parallel, num_seeds, distributed, cores, expected",
+    "parallel, num_seeds, distributed, cores, data_size, expected",
     [
-        ("auto", 8, False, 2, 2),
-        ("auto", 4, False, 16, 4),  # no more devices than seeds
-        ("auto", 6, False, 4, 2),  # the largest count dividing the seeds
-        ("seeds", 4, False, 2, 2),
-        ("auto", 1, False, 16, 1),  # one seed: one device, the program as before
-        ("auto", 3, False, 2, 1),
-        ("off", 8, False, 2, 1),
-        ("data", 8, False, 2, 1),  # data mode keeps the device count it is given
-        ("auto", 8, True, 2, 1),  # a cluster's device count is the cluster's
+        ("auto", 8, False, 2, 8, 2),
+        ("auto", 4, False, 16, 8, 4),  # no more devices than seeds
+        ("auto", 6, False, 4, 8, 2),  # the largest count dividing the seeds
+        ("seeds", 4, False, 2, 8, 2),
+        ("auto", 1, False, 16, 8, 1),  # one seed: one device, the program as before
+        ("auto", 3, False, 2, 8, 1),
+        ("off", 8, False, 2, 8, 1),
+        ("data", 1, False, 2, 8, 2),  # data mode: the cores that divide the data axis
+        ("data", 1, False, 16, 8, 8),  # no more devices than the data axis holds
+        ("data", 4, False, 4, 6, 2),  # the largest count dividing the data axis, whatever the seeds
+        ("data", 1, False, 2, 5, 1),
+        ("data", 1, False, 2, None, 1),  # a file without a data mode: left to make_layout to refuse
+        ("auto", 8, True, 2, 8, 1),  # a cluster's device count is the cluster's
+        ("data", 1, True, 2, 8, 1),
     ],
 )
-def test_cpu_split_is_the_largest_core_count_dividing_the_seeds(parallel, num_seeds, distributed, cores, expected):
+def test_cpu_split_is_the_largest_core_count_dividing_the_seeds_or_the_data(
+    parallel, num_seeds, distributed, cores, data_size, expected
+):
     from jaxzoo import parallel as parallel_module
 
-    assert parallel_module.cpu_split(parallel, num_seeds, distributed, cores) == expected
+    assert parallel_module.cpu_split(parallel, num_seeds, distributed, cores, data_size) == expected
 
 
 SPLIT_CHILD = """
@@ -428,7 +436,7 @@ from jaxzoo import parallel
 import jax
 if sys.argv[1] == "initialized":
     jax.devices()
-asked = parallel.split_cpu(types.SimpleNamespace(parallel=sys.argv[2], num_seeds=4, distributed=False))
+asked = parallel.split_cpu(types.SimpleNamespace(parallel=sys.argv[2], num_seeds=4, distributed=False), data_size=4)
 print(asked, len(jax.devices("cpu")))
 """
 
@@ -449,6 +457,7 @@ def test_split_cpu_gives_a_fresh_process_one_device_per_core_unless_told_otherwi
     cores = math.gcd(4, parallel.available_cores())
     assert split_child("", "fresh", "auto") == ((cores, cores) if cores > 1 else (1, 1))
     assert split_child("", "fresh", "off") == (1, 1)  # --parallel off: one device
+    assert split_child("", "fresh", "data") == ((cores, cores) if cores > 1 else (1, 1))  # a data axis of 4
     # A device count the user set wins, and a backend that exists is left alone.
     assert split_child("--xla_force_host_platform_device_count=1", "fresh", "auto") == (1, 1)
     assert split_child("--xla_force_host_platform_device_count=3", "fresh", "auto") == (1, 3)
@@ -472,6 +481,35 @@ def test_a_multi_seed_cli_run_shards_its_seeds_over_the_cores(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     expected = "seeds sharded over 2 cpu devices" if parallel.available_cores() >= 2 else "on 1 device (cpu)"
     assert expected in done.stdout + done.stderr
+
+
+def test_a_one_seed_data_mode_cli_run_splits_its_environments_over_the_cores(tmp_path):
+    """`--parallel data` with one seed on a CPU of 2 or more cores runs its 8
+    environments' searches and its gradient steps on 2 devices (UniZero, whose
+    evaluation's searches are split too), and learns as on one device: the
+    same greedy returns after the tiny preset's 100 steps (float
+    reassociation aside, which does not move them)."""
+    from jaxzoo import parallel
+
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f)
+    results = {}
+    for mode in ("data", "off"):
+        done = subprocess.run(
+            [sys.executable, "algos/unizero.py", "--preset", "tiny", "--parallel", mode, "--no-save-model"]
+            + ["--run-root", str(tmp_path / mode)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        results[mode] = done.stdout + done.stderr
+    expected = "data sharded over 2 cpu devices" if parallel.available_cores() >= 2 else "on 1 device (cpu)"
+    assert expected in results["data"]
+    returns = {mode: re.search(r"greedy evaluation[^;]*", out).group(0) for mode, out in results.items()}
+    assert returns["data"] == returns["off"]
 
 
 if __name__ == "__main__":
