@@ -1030,7 +1030,8 @@ def evaluate_greedy(eval_env, env_params, search, args: Args, max_steps: int, st
     obs, env_state = eval_env.reset(reset_key, env_params)
     E = args.eval_episodes
     # --parallel data: the episodes' searches are split over the devices as collection's are, when E
-    # is a multiple of them (on one device a search of 10 episodes runs on one core: docs/unizero.md).
+    # is a multiple of them (one device runs a search's small operations on one core: docs/performance.md,
+    # "One seed on every core").
     shard = parallel.constrain_data if E % parallel.data_device_count() == 0 else lambda tree: tree
 
     def body(carry):
