@@ -464,51 +464,49 @@ def test_split_cpu_gives_a_fresh_process_one_device_per_core_unless_told_otherwi
     assert split_child("", "initialized", "auto") == (1, 1)
 
 
+def run_cli_as_a_user(*argv: str) -> str:
+    """An algorithm file's command in a fresh process with no device count set
+    (as a user runs it, so `split_cpu` decides); returns its stdout and stderr."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f)
+    done = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout + done.stderr
+
+
 def test_a_multi_seed_cli_run_shards_its_seeds_over_the_cores(tmp_path):
     """A user's command, unchanged: 2 seeds on a CPU of 2 or more cores run on 2 devices."""
     from jaxzoo import parallel
 
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f)
-    done = subprocess.run(
-        [sys.executable, "algos/ppo.py", "--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    output = run_cli_as_a_user("algos/ppo.py", "--preset", "tiny", "--num-seeds", "2", "--run-root", str(tmp_path))
     expected = "seeds sharded over 2 cpu devices" if parallel.available_cores() >= 2 else "on 1 device (cpu)"
-    assert expected in done.stdout + done.stderr
+    assert expected in output
 
 
 def test_a_one_seed_data_mode_cli_run_splits_its_environments_over_the_cores(tmp_path):
-    """`--parallel data` with one seed on a CPU of 2 or more cores runs its 8
+    """`--parallel data` with one seed on a CPU of 2 or more cores runs its
     environments' searches and its gradient steps on 2 devices (UniZero, whose
     evaluation's searches are split too), and learns as on one device: the
     same greedy returns after the tiny preset's 100 steps (float
     reassociation aside, which does not move them)."""
     from jaxzoo import parallel
 
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f)
-    results = {}
-    for mode in ("data", "off"):
-        done = subprocess.run(
-            [sys.executable, "algos/unizero.py", "--preset", "tiny", "--parallel", mode, "--no-save-model"]
-            + ["--run-root", str(tmp_path / mode)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=ROOT,
+    outputs = {
+        mode: run_cli_as_a_user(
+            "algos/unizero.py",
+            "--preset",
+            "tiny",
+            "--parallel",
+            mode,
+            "--no-save-model",
+            "--run-root",
+            str(tmp_path / mode),
         )
-        assert done.returncode == 0, done.stderr[-2000:]
-        results[mode] = done.stdout + done.stderr
+        for mode in ("data", "off")
+    }
     expected = "data sharded over 2 cpu devices" if parallel.available_cores() >= 2 else "on 1 device (cpu)"
-    assert expected in results["data"]
-    returns = {mode: re.search(r"greedy evaluation[^;]*", out).group(0) for mode, out in results.items()}
+    assert expected in outputs["data"]
+    returns = {mode: re.search(r"greedy evaluation[^;]*", out).group(0) for mode, out in outputs.items()}
     assert returns["data"] == returns["off"]
 
 
