@@ -41,7 +41,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, TypeAlias
 
 import chex
 import distrax
@@ -118,6 +118,8 @@ class Args:
     """time limit of an episode in env steps; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0; Atari's is 27,000 agent steps, 108k frames)"""
     num_envs: Annotated[int, AtLeastOne] = 16
     """parallel environments per seed (actors)"""
+    DATA_AXIS: ClassVar[str] = "num_envs"
+    """the field --parallel data splits over the devices (the environments; runner.data_axis)"""
     num_steps: Annotated[int, AtLeastOne] = 32
     """env steps per environment per rollout: the length T of the V-trace unroll"""
     learning_rate: Annotated[float, Positive] = 2e-3
@@ -1548,8 +1550,8 @@ def main_sebulba(args: Args) -> SebulbaResult:
 def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
     run directory, metrics.csv, progress, checkpoints, resume), then evaluate greedily."""
-    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
-    args = runner.prepare(args, "impala", data_size=lambda args: args.num_envs)
+    # Resume, run-root and cache checks, before anything is built; the CPU devices of --parallel (Args.DATA_AXIS).
+    args = runner.prepare(args, "impala")
     if args.architecture == "sebulba":  # actor threads and a learner on the host (docs/impala.md, Actor-learner)
         return main_sebulba(args)
     impala = make_train(args)
@@ -1564,8 +1566,6 @@ def main(args: Args) -> runner.RunResult:
         eval_every=args.eval_every,
         # --parallel data: the environments (axis 0 of env_state and obs) are split over devices.
         data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(env_state=0, obs=0),
-        data_size=args.num_envs,
-        data_name="num_envs",
     )
 
 

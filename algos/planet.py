@@ -32,7 +32,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 import chex
 import distrax
@@ -112,6 +112,8 @@ class Args:
     """model updates per iteration, before the iteration's planned episode"""
     batch_size: Annotated[int, AtLeastOne] = 50
     """sequences per model update"""
+    DATA_AXIS: ClassVar[str] = "batch_size"
+    """the field --parallel data splits over the devices (the sequences of each model update; runner.data_axis)"""
     chunk_size: Annotated[int, Range(ge=2)] = 50
     """steps (after action repeat) per sequence"""
     buffer_size: Annotated[int, AtLeastOne] = 25_000
@@ -960,8 +962,8 @@ def make_train(args: Args) -> PlaNet:
 def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` iterations (common/runner.py:
     run directory, metrics.csv, progress, checkpoints with replay, resume), then evaluate."""
-    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
-    args = runner.prepare(args, "planet", data_size=lambda args: args.batch_size)
+    # Resume, run-root and cache checks, before anything is built; the CPU devices of --parallel (Args.DATA_AXIS).
+    args = runner.prepare(args, "planet")
     algo = make_train(args)
     return runner.run(
         args,
@@ -976,8 +978,6 @@ def main(args: Args) -> runner.RunResult:
         # included) is replicated; each model update's sequences and each plan's CEM candidates are split
         # over devices (`constrain_data` above), the gradients averaged across them.
         data_axes=lambda state: None,
-        data_size=args.batch_size,
-        data_name="batch_size",
     )
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, TypeAlias
 
 import chex
 import jax
@@ -97,6 +97,8 @@ class Args:
     """time limit of an episode in env steps; 0 keeps the env's own (200 makes CartPole-v1 into CartPole-v0; Atari's is 27,000 agent steps, 108k frames)"""
     num_envs: Annotated[int, AtLeastOne] = 4
     """parallel environments per seed"""
+    DATA_AXIS: ClassVar[str] = "num_envs"
+    """the field --parallel data splits over the devices (the environments; runner.data_axis)"""
     num_steps: Annotated[int, AtLeastOne] = 128
     """env steps per environment per rollout"""
     learning_rate: Annotated[float, Positive] = 2.5e-4
@@ -910,8 +912,8 @@ def make_train(args: Args) -> PPO:
 def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
     run directory, metrics.csv, progress, checkpoints, resume), then evaluate greedily."""
-    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
-    args = runner.prepare(args, "ppo", data_size=lambda args: args.num_envs)
+    # Resume, run-root and cache checks, before anything is built; the CPU devices of --parallel (Args.DATA_AXIS).
+    args = runner.prepare(args, "ppo")
     ppo = make_train(args)
     return runner.run(
         args,
@@ -924,8 +926,6 @@ def main(args: Args) -> runner.RunResult:
         eval_every=args.eval_every,
         # --parallel data: the environments (axis 0 of env_state and obs) are split over devices.
         data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(env_state=0, obs=0),
-        data_size=args.num_envs,
-        data_name="num_envs",
     )
 
 

@@ -30,7 +30,7 @@ Details, logged metrics and measured results: docs/rainbow.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 import chex
 import jax
@@ -100,6 +100,8 @@ class Args:
     """time limit of an episode in env steps; 0 keeps the env's own (Atari's is 27,000 agent steps, 108k frames)"""
     num_envs: Annotated[int, AtLeastOne] = 10
     """parallel environments per seed"""
+    DATA_AXIS: ClassVar[str] = "num_envs"
+    """the field --parallel data splits over the devices (the environments; runner.data_axis)"""
     steps_per_update: Annotated[int, AtLeastOne] = 1000
     """env steps per seed in one `update` (one row of metrics.csv)"""
     train_frequency: Annotated[int, AtLeastOne] = 10
@@ -949,8 +951,8 @@ def make_train(args: Args) -> Rainbow:
 def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
     run directory, metrics.csv, progress, checkpoints with replay, resume), then evaluate greedily."""
-    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
-    args = runner.prepare(args, "rainbow", data_size=lambda args: args.num_envs)
+    # Resume, run-root and cache checks, before anything is built; the CPU devices of --parallel (Args.DATA_AXIS).
+    args = runner.prepare(args, "rainbow")
     algo = make_train(args)
     return runner.run(
         args,
@@ -966,8 +968,6 @@ def main(args: Args) -> runner.RunResult:
         data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(
             env_state=0, obs=0, buffer=jax.tree.map(lambda _: None, state.buffer).replace(data=1, priority=1)
         ),
-        data_size=args.num_envs,
-        data_name="num_envs",
     )
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 import chex
 import jax
@@ -104,6 +104,8 @@ class Args:
     """time limit of an episode in env steps; 0 keeps the env's own (200 for LightZero's CartPole-v0; envpool: 27,000 agent steps)"""
     num_envs: Annotated[int, AtLeastOne] = 8
     """parallel environments per seed (LightZero: 8 collector envs)"""
+    DATA_AXIS: ClassVar[str] = "num_envs"
+    """the field --parallel data splits over the devices (the environments; runner.data_axis)"""
     num_steps: Annotated[int, AtLeastOne] = 25
     """env steps per env in one update: collect num_envs x num_steps transitions, then train"""
     replay_ratio: Annotated[float, Positive] = 0.25
@@ -1402,8 +1404,8 @@ def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` updates (common/runner.py:
     run directory, metrics.csv, progress, checkpoints with replay, resume), then
     evaluate greedily with the search."""
-    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
-    args = runner.prepare(args, "unizero", data_size=lambda args: args.num_envs)
+    # Resume, run-root and cache checks, before anything is built; the CPU devices of --parallel (Args.DATA_AXIS).
+    args = runner.prepare(args, "unizero")
     algo = make_train(args)
     return runner.run(
         args,
@@ -1424,8 +1426,6 @@ def main(args: Args) -> runner.RunResult:
             history=0,
             buffer=jax.tree.map(lambda _: None, state.buffer).replace(data=1, priority=1),
         ),
-        data_size=args.num_envs,
-        data_name="num_envs",
     )
 
 

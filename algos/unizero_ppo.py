@@ -42,7 +42,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 import chex
 import jax
@@ -113,6 +113,8 @@ class Args:
     """time limit of an episode in env steps; 0 keeps the env's own (200 for the seed's CartPole-v0)"""
     num_envs: Annotated[int, AtLeastOne] = 8
     """parallel environments per seed (the seed: 8 collector envs)"""
+    DATA_AXIS: ClassVar[str] = "num_envs"
+    """the field --parallel data splits over the devices (the environments; runner.data_axis)"""
     num_steps: Annotated[int, AtLeastOne] = 50
     """env steps per env per collection phase (a multiple of num_unroll_steps)"""
     num_unroll_steps: Annotated[int, AtLeastOne] = 5
@@ -1099,8 +1101,8 @@ def make_train(args: Args) -> UniZeroPPO:
 def main(args: Args) -> runner.RunResult:
     """Train `num_seeds` seeds in chunks of `log_every` phases (common/runner.py),
     then evaluate the pure policy greedily and, with --eval-search, with search."""
-    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
-    args = runner.prepare(args, "unizero_ppo", data_size=lambda args: args.num_envs)
+    # Resume, run-root and cache checks, before anything is built; the CPU devices of --parallel (Args.DATA_AXIS).
+    args = runner.prepare(args, "unizero_ppo")
     algo = make_train(args)
     result = runner.run(
         args,
@@ -1113,8 +1115,6 @@ def main(args: Args) -> runner.RunResult:
         eval_every=args.eval_every,
         # --parallel data: the environments (axis 0 of env_state, obs, timestep, context) are split over devices.
         data_axes=lambda state: jax.tree.map(lambda _: None, state).replace(env_state=0, obs=0, timestep=0, context=0),
-        data_size=args.num_envs,
-        data_name="num_envs",
     )
     if args.eval_search:
         seeds = args.seed + np.arange(args.num_seeds, dtype=np.int32)

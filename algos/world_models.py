@@ -40,7 +40,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 import chex
 import distrax
@@ -267,6 +267,9 @@ class Args:
     def num_rollouts(self) -> int:
         """Rollouts of rollout_steps steps it stores: each episode cut into episode_steps // rollout_steps pieces."""
         return self.num_episodes * (self.episode_steps // self.rollout_steps)
+
+    DATA_AXIS: ClassVar[str] = "num_rollouts"
+    """the field --parallel data splits over the devices (the collected rollouts; runner.data_axis)"""
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -1820,8 +1823,8 @@ def main(args: Args) -> dict:
     from --source-run; then evaluate the final controller (the CMA-ES mean)
     over `eval_episodes` real episodes. Returns a summary (also eval.json)
     with the stages' final states under "outputs"."""
-    # Resume, run-root and cache checks, before anything is built; the data axis for --parallel data on a CPU.
-    args = runner.prepare(args, "world_models", data_size=lambda args: args.num_rollouts)
+    # Resume, run-root and cache checks, before anything is built; the CPU devices of --parallel (Args.DATA_AXIS).
+    args = runner.prepare(args, "world_models")
     if STAGES.index(args.stages[0]) > 0 and args.source_run is None:
         raise ValueError(
             f"stages {list(args.stages)} start after {STAGES[0]!r}: pass --source-run RUN_DIR, a run "

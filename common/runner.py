@@ -233,14 +233,23 @@ def locked_run_dir(run_dir: str | Path):
 package_version = checkpoint.package_version
 
 
-def prepare(args, algorithm: str, data_size: Callable[[Any], int] | None = None):
+def data_axis(args) -> tuple[int, str] | None:
+    """(size, name) of the run's data axis, the one `--parallel data` splits
+    over the devices: the Args field its class names in `DATA_AXIS` (a
+    ClassVar, e.g. "num_envs"), read here by `prepare` and `run` alike; None
+    for Args without one (a file with no data mode)."""
+    name = getattr(type(args), "DATA_AXIS", None)
+    return None if name is None else (getattr(args, name), name)
+
+
+def prepare(args, algorithm: str):
     """The first call of every algorithm's `main`, before anything is built:
     resolve `--resume` (refusing another algorithm's run and flags that differ
     from the saved run), refuse an unusable `--run-root`, and set up JAX's
     compilation cache; with --capture-video, check the video writer is
-    installed (before training, not after it). `data_size` (Args -> the size
-    of the data axis, for a file with a data mode) lets `--parallel data` use
-    one CPU device per core. Returns the Args to run with."""
+    installed (before training, not after it). With a data axis (`data_axis`),
+    `--parallel data` gets one CPU device per core that divides it. Returns the
+    Args to run with."""
     args = cli.resolve_resume(args, algorithm)
     if args.capture_video:
         from jaxzoo import video
@@ -248,7 +257,8 @@ def prepare(args, algorithm: str, data_size: Callable[[Any], int] | None = None)
         video.check_writer()
     parallel.initialize_distributed(args)  # before any other JAX call
     # On a CPU, the seeds (or with --parallel data one run's batch) over every core, before JAX creates its backend.
-    parallel.split_cpu(args, data_size(args) if data_size is not None else None)
+    axis = data_axis(args)
+    parallel.split_cpu(args, axis[0] if axis is not None else None)
     if args.resume is None:
         cli.check_run_root(args.run_root)
     elif not Path(args.resume).is_dir():
@@ -334,8 +344,6 @@ def run(
     steps_per_update: int,
     eval_every: int = 0,
     data_axes: Callable | None = None,
-    data_size: int | None = None,
-    data_name: str = "",
 ) -> RunResult:
     """Train `num_seeds` seeds for `num_updates` updates and evaluate them.
 
@@ -359,18 +367,18 @@ def run(
     (jaxzoo.parallel): "seeds" shards the seed axis; "data" shards one run's
     data, for an algorithm that supports it by passing `data_axes` (the
     per-seed state -> a prefix tree of the data axis of each part, int, or
-    None for replicated parts), `data_size` (the size of that axis, which the
-    device count must divide) and `data_name` (its name in errors, e.g.
-    "num_envs").
+    None for replicated parts) and naming the axis in its Args' `DATA_AXIS`
+    (`data_axis`: the field whose size the device count must divide).
 
     Raises `cli.Diverged` when a seed's state becomes non-finite, and
     SystemExit(128 + signum) after checkpointing when SIGINT / SIGTERM arrive.
     """
     if eval_every < 0:
         raise ValueError(f"eval_every must be >= 0 (0: evaluate only at the end), got {eval_every}")
-    layout = parallel.make_layout(
-        args.parallel, args.num_seeds, data_size if data_axes is not None else None, data_name or "the data axis"
-    )
+    axis = data_axis(args) if data_axes is not None else None
+    if data_axes is not None and axis is None:
+        raise TypeError(f"{type(args).__name__} has no DATA_AXIS: name the field data_axes splits")
+    layout = parallel.make_layout(args.parallel, args.num_seeds, *(axis or (None, "the data axis")))
     with (
         open_run_dir(args, algorithm) as run_dir,
         StopRequest() as stop,

@@ -253,6 +253,19 @@ def test_seeds_and_data_mode_on_4_devices_match_1_device(algo, tmp_path):
         np.testing.assert_allclose(runs[mode]["eval"], runs["off"]["eval"], rtol=0.1, atol=1e-2)
 
 
+@pytest.mark.parametrize("algo", data_mode_algos()[0])
+def test_each_data_mode_names_its_axis_once_in_its_args(algo):
+    """`Args.DATA_AXIS`, read by runner.prepare (CPU devices) and runner.run
+    (the layout), names a field of the Args whose size is the data axis."""
+    from jaxzoo import runner
+
+    args = importlib.import_module(f"jaxzoo.algos.{algo}").Args()
+    axis = runner.data_axis(args)  # None without DATA_AXIS; AttributeError if it names no field
+    assert axis is not None, algo
+    size, name = axis
+    assert isinstance(size, int) and size >= 1, (algo, name, size)
+
+
 def test_data_mode_is_refused_with_a_reason_where_a_file_has_none():
     """Every file has a data mode today; a file without one (no `data_axes`) is
     refused before anything is built, with its reason."""
