@@ -103,6 +103,18 @@ def test_causal_mask_later_tokens_never_change_earlier_outputs(algo_and_params):
     assert not np.allclose(out[3][:, 1], action_only[3][:, 1])
 
 
+def test_rope_rotates_each_pair_and_attention_scores_see_only_relative_positions():
+    """Su et al. 2021: q and k keep their norms, and q . k after rotation depends
+    on the positions' difference only."""
+    q, k = jax.random.normal(jax.random.key(0), (2, 1, 1, 2, 8))  # [B=1, T=1, H=2, Dh=8] each
+    rotated = lambda x, position: uz.rope(x, jnp.full((1, 1), position))
+    np.testing.assert_allclose(jnp.linalg.norm(rotated(q, 37), axis=-1), jnp.linalg.norm(q, axis=-1), rtol=1e-5)
+    score = lambda p_q, p_k: jnp.sum(rotated(q, p_q) * rotated(k, p_k), -1)
+    np.testing.assert_allclose(score(12, 5), score(112, 105), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(score(12, 5), score(12, 6), atol=1e-3)
+    np.testing.assert_array_equal(rotated(q, 0), q)  # position 0: no rotation
+
+
 def test_recurrent_fn_matches_mctx_contract(algo_and_params):
     args, algo, params, forward = algo_and_params
     batch, A = 3, algo.spec.num_actions
