@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -264,6 +265,16 @@ def test_each_data_mode_names_its_axis_once_in_its_args(algo):
     assert axis is not None, algo
     size, name = axis
     assert isinstance(size, int) and size >= 1, (algo, name, size)
+
+
+def test_data_axes_without_a_named_data_axis_is_refused_before_anything_runs():
+    """A file that passes `data_axes` to runner.run must name the axis in its Args."""
+    from jaxzoo import runner
+
+    args = types.SimpleNamespace(parallel="data", num_seeds=1)  # no DATA_AXIS
+    assert runner.data_axis(args) is None
+    with pytest.raises(TypeError, match="SimpleNamespace has no DATA_AXIS"):
+        runner.run(args, "x", None, None, None, num_updates=1, steps_per_update=1, data_axes=lambda state: state)
 
 
 def test_data_mode_is_refused_with_a_reason_where_a_file_has_none():
