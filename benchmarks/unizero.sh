@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every UniZero number and curve in docs/unizero.md comes from this script.
-#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-terminal|breakout-500k-puct|breakout-500k-puct-decay|breakout-500k-puct-decay-terminal|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|vs-lightzero-interleaved|all]
+#   bash benchmarks/unizero.sh [cartpole-v0|puct|cartpole|breakout|breakout-search-fix|breakout-lr|breakout-rr|breakout-500k|breakout-500k-anneal|breakout-500k-explore|breakout-500k-soft|breakout-500k-td10|breakout-500k-adv|breakout-500k-floor|breakout-500k-entropy|breakout-500k-terminal|breakout-500k-puct|breakout-500k-puct-decay|breakout-500k-puct-decay-terminal|breakout-500k-report|atari-100k-cpu|search-cost|parts|vs-lightzero|vs-lightzero-lr|vs-lightzero-interleaved|vs-lightzero-kv|all]
 # (puct compares against the vs-lightzero runs: run that first)
 # SEEDS (default 4) sets the seed count of the learning curves (seeds SEEDS_FROM, default 0,
 # onwards in the one-process-per-seed modes), BREAKOUT_STEPS the
@@ -359,6 +359,27 @@ if [[ $what == vs-lightzero-interleaved ]]; then
     root=$OUT/$name${LAYOUTS:+/$layout}
     $PY benchmarks/unizero_vs_lightzero.py "$root"/*/ --lightzero docs/data/lightzero_unizero_cartpole_v0.csv \
       --out "$root.png"
+  done
+fi
+if [[ $what == vs-lightzero-kv ]]; then
+  # Our side of vs-lightzero-interleaved alone, each seed once with --search-kv-cache and once
+  # without, alternated (cold, lr 1e-3, half the replay ratio, STEPS default 4000), against
+  # LightZero's set in LIGHTZERO_CSV (default: the interleaved set of 2026-12-06 12:03-12:37, the
+  # same machine; not interleaved with this run). Not part of `all`.
+  name=vs-lightzero-kv
+  rm -rf "${OUT:?}/$name"
+  for ((seed = 0; seed < SEEDS; seed++)); do
+    for search in kv window; do
+      flags=()
+      [[ $search == kv ]] && flags=(--search-kv-cache)
+      timed_unizero "$OUT/$name/$search" "$seed" --seed "$seed" --run-root "$OUT/$name/$search" \
+        --preset cartpole-v0 --eval-every 5 --no-compile-cache --total-timesteps "${STEPS:-4000}" \
+        --learning-rate 1e-3 --replay-ratio 0.125 --exp-name "unizero-v0-lr1e-3-rr0.125-$search" "${flags[@]}"
+    done
+  done
+  for search in kv window; do
+    $PY benchmarks/unizero_vs_lightzero.py "$OUT/$name/$search"/*/ --out "$OUT/$name/$search.png" --lightzero \
+      "${LIGHTZERO_CSV:-docs/data/lightzero_unizero_cartpole_v0_xeon207_20261206_interleaved_layouts.csv}"
   done
 fi
 if [[ $what == puct || $what == all ]]; then

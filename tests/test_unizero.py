@@ -46,9 +46,10 @@ def test_smoke_gumbel_two_seeds(tiny_run):
 
 
 def test_smoke_puct(tmp_path):
-    """MuZero's PUCT search with Dirichlet noise, the whole run as one jitted
-    `train` (compiled without LLVM optimisation: it runs once)."""
-    args = tiny(tmp_path, search_policy="puct")
+    """MuZero's PUCT search with Dirichlet noise, through the cached search
+    (--search-kv-cache), the whole run as one jitted `train` (compiled without
+    LLVM optimisation: it runs once)."""
+    args = tiny(tmp_path, search_policy="puct", search_kv_cache=True)
     algo = uz.make_train(args)
     state, metrics = jax.jit(algo.train, compiler_options=runner.RUN_ONCE)(jax.random.key(0))
     for name in LOSSES:

@@ -133,6 +133,32 @@ def test_recurrent_fn_matches_mctx_contract(algo_and_params):
     assert root.embedding.tokens.shape == (batch, 2 * args.num_unroll_steps, args.embed_dim)
 
 
+def test_cached_search_steps_are_the_recomputed_ones_while_only_padding_leaves_the_window(algo_and_params):
+    """--search-kv-cache: the root and the imagined steps from cached keys and values
+    equal the whole window recomputed, as long as the window drops only padding
+    (1 real token in a window of 2K = 6: two steps of 2 tokens each); nodes keep
+    their shapes, as mctx's fixed-shape tree needs."""
+    args, algo, params, _ = algo_and_params
+    h = history(dataclasses.replace(args, context_steps=1), algo.spec)
+    action = jnp.array([0, 1, 1])
+    width = 2 * args.num_unroll_steps
+
+    @partial(jax.jit, static_argnums=0)
+    def two_steps(cached, params):
+        root = uz.root_fn(algo.graphdef, params, h, width, cached)
+        first, node = uz.recurrent_fn(algo.graphdef, args.gamma, params, None, action, root.embedding)
+        second, child = uz.recurrent_fn(algo.graphdef, args.gamma, params, None, 1 - action, node)
+        for new, old in zip(jax.tree.leaves(child), jax.tree.leaves(root.embedding)):
+            assert new.shape == old.shape and new.dtype == old.dtype
+        return root.prior_logits, root.value, first, second
+
+    recomputed, cached = two_steps(False, params), two_steps(True, params)
+    assert isinstance(uz.root_fn(algo.graphdef, params, h, width, True).embedding, uz.CachedNode)
+    for a, b in zip(jax.tree.leaves(recomputed), jax.tree.leaves(cached)):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+    assert not np.allclose(recomputed[2].value, recomputed[3].value)  # the steps compute something
+
+
 def test_recurrent_fn_steps_the_model_and_discounts_by_gamma(algo_and_params):
     """One imagined step = the window forward on [history, action, predicted latent]."""
     args, algo, params, forward = algo_and_params
