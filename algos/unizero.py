@@ -135,7 +135,7 @@ class Args:
     num_simulations: Annotated[int, AtLeastOne] = 16
     """simulations per search (LightZero's CartPole: 25 with PUCT)"""
     search_kv_cache: bool = False
-    """the search keeps each node's keys and values and runs only its new tokens (LightZero's KV cache), 2.8-3.2x faster per search here, instead of recomputing the node's whole window; differs once a real token leaves the window (docs/unizero.md, "A cached search")"""
+    """the search keeps each node's keys and values and runs only its new tokens (LightZero's KV cache) instead of recomputing the node's whole window: 2.8-3.2x faster per search, but another search once a real token leaves the window, and on CartPole-v0 it needed more env steps (docs/unizero.md, "A cached search")"""
     max_num_considered_actions: Annotated[int, AtLeastOne] = 16
     """Gumbel MuZero: actions sampled without replacement at the root (sequential halving)"""
     dirichlet_alpha: Annotated[float, Positive] = 0.3
