@@ -579,11 +579,16 @@ def forward_window(model: WorldModel, window: Window, key: jax.Array | None = No
     )
 
 
+def window_mask(valid: jax.Array) -> jax.Array:
+    """[B, W, W] causal attention mask of a token window over its valid tokens
+    (valid [B, W]); every token sees itself."""
+    width = valid.shape[1]
+    return (jnp.tril(jnp.ones((width, width), bool))[None] & valid[:, None, :]) | jnp.eye(width, dtype=bool)[None]
+
+
 def last_hidden(model: WorldModel, node: SearchNode) -> jax.Array:
     """Hidden state [B, D] of the last token of a token window (causal, valid tokens only)."""
-    width = node.tokens.shape[1]
-    mask = (jnp.tril(jnp.ones((width, width), bool))[None] & node.valid[:, None, :]) | jnp.eye(width, dtype=bool)[None]
-    return model.transformer(node.tokens, node.positions, mask)[:, -1]
+    return model.transformer(node.tokens, node.positions, window_mask(node.valid))[:, -1]
 
 
 def push_token(node: SearchNode, token: jax.Array, position: jax.Array) -> SearchNode:
@@ -595,34 +600,28 @@ def push_token(node: SearchNode, token: jax.Array, position: jax.Array) -> Searc
     )
 
 
-def imagine_step(model: WorldModel, node: SearchNode, action: jax.Array):
+def append_token(model: WorldModel, node: SearchNode | CachedNode, token: jax.Array):
+    """Append a token [B, D] at the next position: (child node, the token's hidden
+    state [B, D]). A SearchNode recomputes its whole window; a CachedNode
+    (--search-kv-cache) runs the new token alone against its cached keys and
+    values (`WorldModel.extend`): the same outputs while the window drops only
+    padding; once a real token leaves it, the tokens after it keep the keys and
+    values of the context they entered with (LightZero's UniZero caches them too)."""
+    position = node.positions[:, -1] + 1
+    if isinstance(node, CachedNode):
+        return model.extend(node, token, position)
+    node = push_token(node, token, position)
+    return node, last_hidden(model, node)
+
+
+def imagine_step(model: WorldModel, node: SearchNode | CachedNode, action: jax.Array):
     """One step inside the model: append the action token, whose hidden state
     predicts the reward and the next latent; append that latent, whose hidden
     state gives the policy and the value. Returns
     (node, reward [B], latent [B, D], policy logits [B, A], value [B])."""
-    node = push_token(node, model.action_embedding(action), node.positions[:, -1] + 1)
-    at_action = last_hidden(model, node)
+    node, at_action = append_token(model, node, model.action_embedding(action))
     latent = model.next_latent(at_action)
-    node = push_token(node, latent, node.positions[:, -1] + 1)
-    at_latent = last_hidden(model, node)
-    return (
-        node,
-        logits_to_scalar(model.reward_head(at_action)),
-        latent,
-        model.policy_head(at_latent),
-        logits_to_scalar(model.value_head(at_latent)),
-    )
-
-
-def cached_imagine_step(model: WorldModel, node: CachedNode, action: jax.Array):
-    """`imagine_step` with --search-kv-cache: each new token attends to the cached
-    keys and values of the tokens before it (`WorldModel.extend`) instead of the
-    whole window being recomputed. The same outputs while the window drops only
-    padding; once a real token leaves it, the tokens after it keep the keys and
-    values of the context they entered with (LightZero's UniZero caches them too)."""
-    node, at_action = model.extend(node, model.action_embedding(action), node.positions[:, -1] + 1)
-    latent = model.next_latent(at_action)
-    node, at_latent = model.extend(node, latent, node.positions[:, -1] + 1)
+    node, at_latent = append_token(model, node, latent)
     return (
         node,
         logits_to_scalar(model.reward_head(at_action)),
@@ -636,8 +635,7 @@ def cached_root(model: WorldModel, history: History, width: int) -> tuple[Cached
     """`root_node`'s window run once through the transformer, its keys and values
     kept: (the root's CachedNode, the current latent's hidden state [B, D])."""
     node = root_node(model, history, width)
-    mask = (jnp.tril(jnp.ones((width, width), bool))[None] & node.valid[:, None, :]) | jnp.eye(width, dtype=bool)[None]
-    hidden, keys, values = model.cached_pass(node.tokens, node.positions, mask)
+    hidden, keys, values = model.cached_pass(node.tokens, node.positions, window_mask(node.valid))
     return CachedNode(keys, values, node.positions, node.valid), hidden[:, -1]
 
 
@@ -1013,10 +1011,8 @@ def root_fn(graphdef, params, history: History, width: int, cached: bool = False
 def recurrent_fn(graphdef, gamma, params, _key, action: jax.Array, node: SearchNode | CachedNode):
     """mctx dynamics: one imagined step from every node of the batch, action [B]
     -> (reward [B], discount [B], prior logits [B, A], value [B]) and the child
-    nodes. No terminal head: every edge is discounted by gamma (LightZero's UniZero).
-    A CachedNode (--search-kv-cache) steps by `cached_imagine_step`."""
-    step = cached_imagine_step if isinstance(node, CachedNode) else imagine_step
-    node, reward, _, prior_logits, value = step(nnx.merge(graphdef, params), node, action)
+    nodes. No terminal head: every edge is discounted by gamma (LightZero's UniZero)."""
+    node, reward, _, prior_logits, value = imagine_step(nnx.merge(graphdef, params), node, action)
     return mctx.RecurrentFnOutput(
         reward=reward, discount=jnp.full(action.shape, gamma), prior_logits=prior_logits, value=value
     ), node
