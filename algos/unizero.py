@@ -998,11 +998,12 @@ def root_fn(graphdef, params, history: History, width: int, cached: bool = False
     `width` tokens (a SearchNode, or with `cached` its keys and values, a
     CachedNode) is the root's embedding."""
     world = nnx.merge(graphdef, params)
+    node: SearchNode | CachedNode
     if cached:
         node, hidden = cached_root(world, history, width)
     else:
-        node = root_node(world, history, width)
-        hidden = last_hidden(world, node)
+        window = root_node(world, history, width)
+        node, hidden = window, last_hidden(world, window)
     return mctx.RootFnOutput(
         prior_logits=world.policy_head(hidden), value=logits_to_scalar(world.value_head(hidden)), embedding=node
     )
