@@ -367,8 +367,8 @@ if [[ $what == vs-lightzero-kv ]]; then
   # LightZero's set in LIGHTZERO_CSV (default: the interleaved set of 2026-12-06 12:03-12:37, the
   # same machine; not interleaved with this run). Not part of `all`.
   name=vs-lightzero-kv
-  rm -rf "${OUT:?}/$name"
-  for ((seed = 0; seed < SEEDS; seed++)); do
+  [[ -z ${SEEDS_FROM:-} ]] && rm -rf "${OUT:?}/$name"  # SEEDS_FROM adds seeds to an earlier run's
+  for ((seed = ${SEEDS_FROM:-0}; seed < ${SEEDS_FROM:-0} + SEEDS; seed++)); do
     for search in kv window; do
       flags=()
       [[ $search == kv ]] && flags=(--search-kv-cache)
