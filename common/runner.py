@@ -375,10 +375,13 @@ def run(
     """
     if eval_every < 0:
         raise ValueError(f"eval_every must be >= 0 (0: evaluate only at the end), got {eval_every}")
-    axis = data_axis(args) if data_axes is not None else None
-    if data_axes is not None and axis is None:
-        raise TypeError(f"{type(args).__name__} has no DATA_AXIS: name the field data_axes splits")
-    layout = parallel.make_layout(args.parallel, args.num_seeds, *(axis or (None, "the data axis")))
+    data_size, data_name = None, "the data axis"
+    if data_axes is not None:
+        axis = data_axis(args)
+        if axis is None:
+            raise TypeError(f"{type(args).__name__} has no DATA_AXIS: name the field data_axes splits")
+        data_size, data_name = axis
+    layout = parallel.make_layout(args.parallel, args.num_seeds, data_size, data_name)
     with (
         open_run_dir(args, algorithm) as run_dir,
         StopRequest() as stop,

@@ -1,5 +1,6 @@
 """Shared test setup: a private JAX compilation cache and small helpers."""
 
+import ast
 import os
 import shutil
 import subprocess
@@ -55,6 +56,12 @@ def pytest_collection_modifyitems(items):
 def _compile_cache(tmp_path_factory):
     os.environ["JAXZOO_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax-cache"))
     yield
+
+
+def is_args_field(node: ast.stmt) -> bool:
+    """An annotated statement of an `Args` class that is a dataclass field, a
+    command-line flag (a ClassVar such as DATA_AXIS is not)."""
+    return isinstance(node, ast.AnnAssign) and not ast.unparse(node.annotation).startswith("ClassVar")
 
 
 def run_copied_script(algo: str, argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:

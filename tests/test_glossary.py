@@ -6,7 +6,7 @@ import ast
 import re
 from collections import defaultdict
 
-from conftest import ROOT
+from conftest import ROOT, is_args_field
 
 ALGOS = sorted(p for p in (ROOT / "algos").glob("*.py") if p.name != "__init__.py")
 UNIT_WORDS = {"env steps": ("env steps", "environment steps", "agent steps"), "updates": ("update",),
@@ -40,8 +40,7 @@ def args_fields() -> dict[str, dict[str, tuple[str, str]]]:
         tree = ast.parse(path.read_text())
         (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args"]
         for i, node in enumerate(cls.body):
-            is_class_var = isinstance(node, ast.AnnAssign) and ast.unparse(node.annotation).startswith("ClassVar")
-            if isinstance(node, ast.AnnAssign) and not is_class_var:  # a ClassVar (DATA_AXIS) is no field
+            if is_args_field(node):
                 doc = cls.body[i + 1].value.value if isinstance(cls.body[i + 1], ast.Expr) else ""
                 found[node.target.id][path.stem] = (base_type(node.annotation), " ".join(doc.split()))
     return found

@@ -8,7 +8,7 @@ import re
 import tomllib
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, is_args_field
 
 from jaxzoo import atari
 
@@ -16,14 +16,9 @@ ALGOS = sorted(p for p in (ROOT / "algos").glob("*.py") if p.name != "__init__.p
 COMMON_LOOP = "".join((ROOT / "common" / name).read_text() for name in ("runner.py", "logger.py", "parallel.py"))
 
 
-def is_field(node: ast.stmt) -> bool:
-    """An annotated Args attribute that is a dataclass field (a ClassVar, DATA_AXIS, is not)."""
-    return isinstance(node, ast.AnnAssign) and not ast.unparse(node.annotation).startswith("ClassVar")
-
-
 def args_fields(tree: ast.Module) -> tuple[list[str], ast.ClassDef]:
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args"]
-    fields = [n.target.id for n in cls.body if is_field(n)]
+    fields = [n.target.id for n in cls.body if is_args_field(n)]
     return fields, cls
 
 
@@ -36,7 +31,7 @@ def test_every_args_field_is_read(path):
     # validation inside Args count as reads).
     declared = set()
     for i, node in enumerate(cls.body):
-        if is_field(node):
+        if is_args_field(node):
             declared.update(range(node.lineno, node.end_lineno + 1))
             doc = cls.body[i + 1] if i + 1 < len(cls.body) else None
             if isinstance(doc, ast.Expr):
@@ -60,7 +55,7 @@ def test_every_field_has_a_docstring(path):
     _, cls = args_fields(tree)
     body = cls.body
     for i, node in enumerate(body):
-        if is_field(node):
+        if is_args_field(node):
             following = body[i + 1] if i + 1 < len(body) else None
             assert isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant), \
                 f"{path.name}: field {node.target.id} has no docstring (tyro shows it in --help)"
