@@ -146,6 +146,8 @@ class Args:
     """PUCT: collection samples actions from visit counts ^ (1 / visit_temperature)"""
     visit_temperature_decay: bool = False
     """PUCT: collection's visit temperature is visit_temperature x 1, 0.5 and 0.25 in the run's first half, third quarter and last quarter (MuZero's Atari schedule, the visit_softmax_temperature of Schrittwieser et al. 2020's pseudocode: 1.0, 0.5, 0.25 below 500k, 750k and 1M training steps); off: constant"""
+    visit_temperature_decay_at: tuple[float, float] = (0.5, 0.75)
+    """with --visit-temperature-decay: the fractions of total_timesteps done at which the visit temperature halves and quarters (MuZero's: 0.5 0.75)"""
     explore_epsilon: Annotated[float, Fraction] = 0.0
     """probability that a collection step takes a uniformly random action instead of the search's (epsilon-greedy on top of the search, LightZero's eps_greedy_exploration_in_collect; the policy target stays the search's); 0: none"""
     q_rescale_min_gap: Annotated[float, Positive] = 1e-8
@@ -237,6 +239,17 @@ class Args:
             raise ValueError(
                 f"visit_temperature_decay=True with search_policy={self.search_policy!r}: only PUCT samples actions "
                 "from visit counts; accepted: --search-policy puct, or no --visit-temperature-decay"
+            )
+        halve_at, quarter_at = self.visit_temperature_decay_at
+        if not 0.0 <= halve_at <= quarter_at <= 1.0:
+            raise ValueError(
+                f"visit_temperature_decay_at={self.visit_temperature_decay_at} are not two fractions of the run in "
+                "order; accepted: 0 <= halve <= quarter <= 1, e.g. 0.5 0.75"
+            )
+        if self.visit_temperature_decay_at != (0.5, 0.75) and not self.visit_temperature_decay:
+            raise ValueError(
+                f"visit_temperature_decay_at={self.visit_temperature_decay_at} without --visit-temperature-decay: the "
+                "temperature is constant; accepted: --visit-temperature-decay with it, or no --visit-temperature-decay-at"
             )
         if self.num_updates < 1:
             raise ValueError(
@@ -968,11 +981,13 @@ def visit_temperature_at(args: Args, visit_temperature: jax.Array, env_steps: ja
     `env_steps` []: `visit_temperature`, or with --visit-temperature-decay
     MuZero's schedule over the run, x 1 / 0.5 / 0.25 while fewer than 1/2 / 3/4 /
     all of total_timesteps are done (Schrittwieser et al. 2020, pseudocode, in
-    training steps; here env steps, proportional at a fixed replay ratio)."""
+    training steps; here env steps, proportional at a fixed replay ratio); the
+    two fractions are `visit_temperature_decay_at`."""
     if not args.visit_temperature_decay:
         return visit_temperature
+    halve_at, quarter_at = args.visit_temperature_decay_at
     done = env_steps / (args.num_updates * args.steps_per_update)
-    return visit_temperature * jnp.where(done < 0.5, 1.0, jnp.where(done < 0.75, 0.5, 0.25))
+    return visit_temperature * jnp.where(done < halve_at, 1.0, jnp.where(done < quarter_at, 0.5, 0.25))
 
 
 def make_optimizer(args: Args) -> optax.GradientTransformation:

@@ -1892,8 +1892,8 @@ def make_layout(args: Args) -> parallel.Layout:
     layout = parallel.make_layout(
         args.parallel,
         args.num_seeds,
-        data_size=args.num_rollouts,
-        data_name=f"num_rollouts = total_timesteps // rollout_steps = {args.total_timesteps} // {args.rollout_steps}",
+        data_size=getattr(args, Args.DATA_AXIS),  # num_rollouts, derived from the two flags its name shows
+        data_name=f"{Args.DATA_AXIS} = total_timesteps // rollout_steps = {args.total_timesteps} // {args.rollout_steps}",
     )
     if layout.mode != parallel.DATA_AXIS:
         return layout

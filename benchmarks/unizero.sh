@@ -229,6 +229,9 @@ fi
 # off-policy correction (`--td-steps-age`, "-age$TD_STEPS_AGE"): windows TD_STEPS_AGE env steps older
 # sum one real reward fewer before bootstrapping (EfficientZero: 0.3 of the run, so 150000 for 500k),
 # after the whole-run replay's value fell below the current play's return (5.20 against 8.32).
+# DECAY_AT (unset: MuZero's "0.5 0.75") moves the schedule's two steps (`--visit-temperature-decay-at`,
+# "-at$halve-$quarter"): every seed's training return jumped within 40k steps of the drop to 0.5 at 250k
+# and gained about 1 after the drop to 0.25, so "0.25 0.5" asks whether the jump follows the temperature.
 if [[ $what == breakout-500k-puct-decay-terminal ]]; then
   coef=${TERMINAL_VALUE_COEF:-0.5}
   per=${PRIORITY_EXPONENT:-0}
@@ -240,8 +243,14 @@ if [[ $what == breakout-500k-puct-decay-terminal ]]; then
   [[ -z ${BUFFER_SIZE:-} ]] || { tag+=-buf$BUFFER_SIZE; buffer=(--buffer-size "$BUFFER_SIZE"); }
   age=()
   [[ -z ${TD_STEPS_AGE:-} ]] || { tag+=-age$TD_STEPS_AGE; age=(--td-steps-age "$TD_STEPS_AGE"); }
+  decay_at=()
+  if [[ -n ${DECAY_AT:-} ]]; then
+    read -r halve quarter <<< "$DECAY_AT"
+    tag+=-at$halve-$quarter
+    decay_at=(--visit-temperature-decay-at "$halve" "$quarter")
+  fi
   puct_seeds "$tag" --visit-temperature-decay --terminal-value-coef "$coef" --priority-exponent "$per" \
-    --priority-correction "$beta" "${buffer[@]}" "${age[@]}"
+    --priority-correction "$beta" "${buffer[@]}" "${age[@]}" "${decay_at[@]}"
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
 # on the same 500k steps and seeds (vmapped in one process; skipped if already there), the tables

@@ -2,6 +2,7 @@
 contract with mctx, the transformer's causal mask, the root, n-step targets."""
 
 import dataclasses
+import re
 from functools import partial
 
 import jax
@@ -596,6 +597,24 @@ def test_visit_temperature_follows_muzero_schedule_with_decay(decay):
     np.testing.assert_allclose(temperatures, expected)
     with pytest.raises(ValueError, match="visit_temperature_decay=True with search_policy='gumbel'"):
         tiny(search_policy="gumbel", visit_temperature_decay=True)
+
+
+def test_visit_temperature_decay_at_moves_the_schedule_s_two_steps():
+    """--visit-temperature-decay-at 0.25 0.5: the temperature halves once a
+    quarter of the run is done and quarters at half; fractions out of order or
+    outside [0, 1], or given without the decay, are refused by name."""
+    args = tiny(search_policy="puct", visit_temperature_decay=True, visit_temperature_decay_at=(0.25, 0.5))
+    total = args.num_updates * args.steps_per_update
+    env_steps = np.array([0, total // 4 - 1, total // 4, total // 2 - 1, total // 2, total - 1])
+    temperatures = jax.vmap(lambda steps: uz.visit_temperature_at(args, jnp.float32(2.0), steps))(
+        jnp.asarray(env_steps)
+    )
+    np.testing.assert_allclose(temperatures, [2, 2, 1, 1, 0.5, 0.5])
+    for bad in [(0.75, 0.5), (-0.1, 0.5), (0.5, 1.5)]:
+        with pytest.raises(ValueError, match=re.escape(f"visit_temperature_decay_at={bad} are not two fractions")):
+            tiny(search_policy="puct", visit_temperature_decay=True, visit_temperature_decay_at=bad)
+    with pytest.raises(ValueError, match="without --visit-temperature-decay"):
+        tiny(search_policy="puct", visit_temperature_decay_at=(0.25, 0.5))
 
 
 def test_collect_step_hands_the_search_the_scheduled_temperature(algo_and_params):
