@@ -46,10 +46,14 @@ from flax import nnx, struct
 from jaxzoo import atari, buffers, cli, envs, layers, parallel, runner
 from jaxzoo.checks import AtLeastOne, Fraction, NonNegative, OpenFraction, Positive, Range, check_fields
 
-
 # --------------------------------------------------------------------------- #
 # Arguments
 # --------------------------------------------------------------------------- #
+# MuZero's visit temperature schedule halves and quarters the temperature at these fractions of the run
+# (Schrittwieser et al. 2020, pseudocode: 500k and 750k of 1M training steps).
+MUZERO_TEMPERATURE_STEPS = (0.5, 0.75)
+
+
 @dataclass(frozen=True)
 class Args:
     """UniZero: a transformer world model planned with mctx (Gumbel MuZero or PUCT)."""
@@ -145,8 +149,8 @@ class Args:
     visit_temperature: Annotated[float, Positive] = 0.25
     """PUCT: collection samples actions from visit counts ^ (1 / visit_temperature)"""
     visit_temperature_decay: bool = False
-    """PUCT: collection's visit temperature is visit_temperature x 1, 0.5 and 0.25 in the run's first half, third quarter and last quarter (MuZero's Atari schedule, the visit_softmax_temperature of Schrittwieser et al. 2020's pseudocode: 1.0, 0.5, 0.25 below 500k, 750k and 1M training steps); off: constant"""
-    visit_temperature_decay_at: tuple[float, float] = (0.5, 0.75)
+    """PUCT: collection's visit temperature is visit_temperature x 1, 0.5 and 0.25 in the run's first half, third quarter and last quarter (the steps move with --visit-temperature-decay-at; MuZero's Atari schedule, the visit_softmax_temperature of Schrittwieser et al. 2020's pseudocode: 1.0, 0.5, 0.25 below 500k, 750k and 1M training steps); off: constant"""
+    visit_temperature_decay_at: tuple[float, float] = MUZERO_TEMPERATURE_STEPS
     """with --visit-temperature-decay: the fractions of total_timesteps done at which the visit temperature halves and quarters (MuZero's: 0.5 0.75)"""
     explore_epsilon: Annotated[float, Fraction] = 0.0
     """probability that a collection step takes a uniformly random action instead of the search's (epsilon-greedy on top of the search, LightZero's eps_greedy_exploration_in_collect; the policy target stays the search's); 0: none"""
@@ -246,7 +250,7 @@ class Args:
                 f"visit_temperature_decay_at={self.visit_temperature_decay_at} are not two fractions of the run in "
                 "order; accepted: 0 <= halve <= quarter <= 1, e.g. 0.5 0.75"
             )
-        if self.visit_temperature_decay_at != (0.5, 0.75) and not self.visit_temperature_decay:
+        if self.visit_temperature_decay_at != MUZERO_TEMPERATURE_STEPS and not self.visit_temperature_decay:
             raise ValueError(
                 f"visit_temperature_decay_at={self.visit_temperature_decay_at} without --visit-temperature-decay: the "
                 "temperature is constant; accepted: --visit-temperature-decay with it, or no --visit-temperature-decay-at"
