@@ -232,6 +232,9 @@ fi
 # DECAY_AT (unset: MuZero's "0.5 0.75") moves the schedule's two steps (`--visit-temperature-decay-at`,
 # "-at$halve-$quarter"): every seed's training return jumped within 40k steps of the drop to 0.5 at 250k
 # and gained about 1 after the drop to 0.25, so "0.25 0.5" asks whether the jump follows the temperature.
+# TD_STEPS (unset: the preset's 5) sets n of the n-step value targets (`--td-steps`, "-td$TD_STEPS"): a
+# catch near a wall pays its next brick about 10-12 steps after the moves that made it, beyond 5 real
+# rewards, so with 5 the moves are valued by the model's value of the route ("Why the wall holds").
 if [[ $what == breakout-500k-puct-decay-terminal ]]; then
   coef=${TERMINAL_VALUE_COEF:-0.5}
   per=${PRIORITY_EXPONENT:-0}
@@ -243,6 +246,8 @@ if [[ $what == breakout-500k-puct-decay-terminal ]]; then
   [[ -z ${BUFFER_SIZE:-} ]] || { tag+=-buf$BUFFER_SIZE; buffer=(--buffer-size "$BUFFER_SIZE"); }
   age=()
   [[ -z ${TD_STEPS_AGE:-} ]] || { tag+=-age$TD_STEPS_AGE; age=(--td-steps-age "$TD_STEPS_AGE"); }
+  td=()
+  [[ -z ${TD_STEPS:-} ]] || { tag+=-td$TD_STEPS; td=(--td-steps "$TD_STEPS"); }
   decay_at=()
   if [[ -n ${DECAY_AT:-} ]]; then
     read -r halve quarter <<< "$DECAY_AT"
@@ -250,7 +255,7 @@ if [[ $what == breakout-500k-puct-decay-terminal ]]; then
     decay_at=(--visit-temperature-decay-at "$halve" "$quarter")
   fi
   puct_seeds "$tag" --visit-temperature-decay --terminal-value-coef "$coef" --priority-exponent "$per" \
-    --priority-correction "$beta" "${buffer[@]}" "${age[@]}" "${decay_at[@]}"
+    --priority-correction "$beta" "${buffer[@]}" "${age[@]}" "${td[@]}" "${decay_at[@]}"
 fi
 # Once breakout-500k's (or breakout-500k-anneal's) seeds have finished: PPO's breakout-minatar preset
 # on the same 500k steps and seeds (vmapped in one process; skipped if already there), the tables
