@@ -58,6 +58,16 @@ def _compile_cache(tmp_path_factory):
     yield
 
 
+def slow_except(keep: tuple[str, ...], values: list[str]) -> list:
+    """The values of a check parametrized over every algorithm (or notebook):
+    those in `keep` run in the default `pytest`, the others are marked `slow`
+    and run with `pytest -m slow` (everything: `pytest -m ""`). The default
+    tier so runs each shared mechanism (sharding, multi-process, fault
+    injection, notebooks, videos) on its cheapest file and the rest of the
+    files' own checks in full, within minutes on 2 cores (README, Quick start)."""
+    return [value if value in keep else pytest.param(value, marks=pytest.mark.slow) for value in values]
+
+
 def is_args_field(node: ast.stmt) -> bool:
     """An annotated statement of an `Args` class that is a dataclass field, a
     command-line flag (a ClassVar such as DATA_AXIS is not)."""

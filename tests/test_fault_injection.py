@@ -14,7 +14,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, slow_except
 
 from jaxzoo import cli, logger, runner
 
@@ -53,7 +53,7 @@ def assert_same_state(a, b):
 # --------------------------------------------------------------------------- #
 # Divergence is an error, not a result
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", slow_except(("impala", "mpo", "ppo"), ALGOS))
 def test_a_huge_learning_rate_stops_the_run_as_diverged(algo, tmp_path):
     blow_up = {field: 1e30 for field in LEARNING_RATES.get(algo, ("learning_rate",))}
     with pytest.raises(cli.Diverged, match=r"seed index \d+ \(seed \d+\) at update \d+: first non-finite value"):
@@ -144,7 +144,7 @@ def test_a_second_process_on_the_run_directory_is_refused(algo, tmp_path):
             module_of(algo).main(module_of(algo).Args(resume=run_dir))
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", slow_except(("ppo",), ALGOS))
 def test_sigterm_checkpoints_resumes_and_survives_a_damaged_checkpoint(algo, tmp_path, monkeypatch, capsys):
     """SIGTERM after the first logged chunk: a checkpoint at the next chunk
     boundary, exit 143 and the resume command. The resumed run ends exactly

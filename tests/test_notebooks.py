@@ -3,13 +3,13 @@
 
 import nbformat
 import pytest
-from conftest import ROOT
+from conftest import ROOT, slow_except
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", slow_except((ROOT / "notebooks" / "ppo.ipynb",), NOTEBOOKS), ids=lambda p: p.stem)
 def test_notebook_executes(path, monkeypatch):
     monkeypatch.setenv("JAXZOO_NOTEBOOK_TINY", "1")
     notebook = nbformat.read(path, as_version=4)

@@ -79,6 +79,7 @@ def test_replay_rows_keep_the_final_frame_and_mark_episode_starts(tiny_run):
     assert bool(result.state.agent.need_first.all())  # the next slot records the new episode's first frame
 
 
+@pytest.mark.slow
 def test_train_is_vmappable_over_hyperparameters(tmp_path):
     """A sweep is `jax.vmap(train, in_axes=(None, 0))` over stacked Hyperparams,
     one compile: the member with the preset's free nats reproduces the unswept
@@ -260,6 +261,7 @@ def test_host_env_steps_only_active_envs_and_resets_itself(fake_dmc):
         fresh_step(state.replace(t=jnp.array([3, 0])), jnp.zeros((2, 1)), jnp.array([True, False]))
 
 
+@pytest.mark.slow
 def test_planet_on_a_host_env_trains_and_resumes_exactly(fake_dmc, tmp_path, monkeypatch):
     """The whole PlaNet loop on a host-stepped task (fake simulator): one trace,
     30-step episodes as 8 agent steps, and a killed run resumed from its

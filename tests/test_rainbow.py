@@ -158,6 +158,7 @@ def test_cli_tiny_run_and_help(tmp_path):
     assert "--double-q" in help_out.stdout and "rllib-rainbow" in help_out.stdout
 
 
+@pytest.mark.slow
 def test_train_is_vmappable_over_hyperparameters(tmp_path):
     """A 2-member sweep of gamma in one compile: the member at the args' value is the
     unswept run, and gamma 0.5 learns Q-values near 1 / (1 - 0.5) = 2 (CartPole pays 1

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, slow_except
 
 ALGOS = ["impala", "mpo", "planet", "ppo", "rainbow", "unizero", "unizero_ppo", "world_models"]
 CLOCK = ("steps_per_second", "wall_seconds")
@@ -236,7 +236,7 @@ OVERRIDES = {
 }
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", slow_except(("ppo",), ALGOS))
 def test_seeds_and_data_mode_on_4_devices_match_1_device(algo, tmp_path):
     """Every file in seeds mode, and the files with a data mode in data mode
     (the same 4 seeds, vmapped, with their environments split over devices)."""
@@ -507,6 +507,7 @@ def test_a_multi_seed_cli_run_shards_its_seeds_over_the_cores(tmp_path):
     assert expected in output
 
 
+@pytest.mark.slow
 def test_a_one_seed_data_mode_cli_run_splits_its_environments_over_the_cores(tmp_path):
     """`--parallel data` with one seed on a CPU of 2 or more cores runs its
     environments' searches and its gradient steps on 2 devices (UniZero, whose

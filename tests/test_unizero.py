@@ -117,6 +117,7 @@ def test_cli_tiny_run(tmp_path):
     assert_videos_show_first_episodes(run_dir, 2)
 
 
+@pytest.mark.slow
 def test_train_is_vmappable_over_hyperparameters(tmp_path):
     """`jax.vmap(train, in_axes=(None, 0))` over a stacked Hyperparams is a
     sweep in one compile: the member at the args' learning rate is the unswept
@@ -267,6 +268,7 @@ needs_envpool = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_envpool
 def test_tiny_atari_trains_end_to_end_and_logs_the_game_score(tmp_path):
     """tiny-atari: Breakout from 32x32 RGB bytes through envpool, the

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_videos_show_first_episodes
+from conftest import assert_videos_show_first_episodes, slow_except
 
 from jaxzoo import cli, envs, video
 
@@ -120,7 +120,7 @@ def test_a_missing_writer_names_the_extra(monkeypatch):
 
 # The other files' CLI tests (tests/test_<algo>.py) run their tiny preset with
 # --capture-video and check their videos the same way.
-@pytest.mark.parametrize("algo", ["mpo", "world_models"])
+@pytest.mark.parametrize("algo", slow_except(("mpo",), ["mpo", "world_models"]))
 def test_capture_video_writes_one_video_per_seed_with_the_episode_s_frames(algo, tmp_path):
     module = importlib.import_module(f"jaxzoo.algos.{algo}")
     args = cli.preset_args(module.Args, algo, "tiny")

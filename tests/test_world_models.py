@@ -246,6 +246,7 @@ def test_the_whole_pipeline_traces_as_one_program():
     assert controller.cma.mean.shape == (2 * (args.z_size + args.rnn_size) + 2,)
 
 
+@pytest.mark.slow
 def test_train_is_vmappable_over_hyperparameters():
     """`jax.vmap(train, in_axes=(None, 0))` over a stacked Hyperparams is a
     sweep of the whole pipeline in one compile: the member with the args' V
@@ -342,6 +343,7 @@ def test_carracing_without_box2d_is_a_clear_error(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
                     reason="CarRacing-v3 needs box2d (pip install -e '.[carracing]'), not installed in this environment")
+@pytest.mark.slow
 def test_carracing_small_preset_runs_on_the_host(tmp_path):
     args = cli.preset_args(wm.Args, "world_models", "carracing-small")
     result = wm.main(dataclasses.replace(args, run_root=str(tmp_path), capture_video=True))
