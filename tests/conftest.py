@@ -58,7 +58,7 @@ def _compile_cache(tmp_path_factory):
     yield
 
 
-def slow_except(keep: tuple[str, ...], values: list[str]) -> list:
+def slow_except(keep: tuple, values: list) -> list:
     """The values of a check parametrized over every algorithm (or notebook):
     those in `keep` run in the default `pytest`, the others are marked `slow`
     and run with `pytest -m slow` (everything: `pytest -m ""`). The default
