@@ -166,6 +166,8 @@ class Args:
     """Atari and pixels: ids: side of the square frames in pixels"""
     grayscale: bool = True
     """Atari and pixels: ids: one-channel frames instead of RGB"""
+    cpu_threads: Annotated[int, NonNegative] = 0
+    """XLA:CPU's intra-op threads in a one-device CPU run (0: one per core); 1 suits tiny networks such as CartPole's (jaxzoo.parallel.start_cpu_backend)"""
 
     def __post_init__(self):
         check_fields(self)  # the ranges beside the fields (jaxzoo.checks)
@@ -914,6 +916,7 @@ def main(args: Args) -> runner.RunResult:
     run directory, metrics.csv, progress, checkpoints, resume), then evaluate greedily."""
     # Resume, run-root and cache checks, before anything is built; the CPU devices of --parallel (Args.DATA_AXIS).
     args = runner.prepare(args, "ppo")
+    parallel.start_cpu_backend(args.cpu_threads)  # before JAX starts; a no-op unless asked for and useful
     ppo = make_train(args)
     return runner.run(
         args,

@@ -252,6 +252,45 @@ def split_cpu(args, data_size: int | None = None) -> int:
     return count
 
 
+def start_cpu_backend(threads: int) -> bool:
+    """Start JAX's backends now, with XLA:CPU's intra-op thread pool (the
+    threads that run one program's independent kernels) cut to `threads`.
+    XLA sizes that pool from the cores the process may run on when its backend
+    starts, so the affinity mask is cut for the start and given back to every
+    thread after it: compiling and the rest of the process keep every core.
+    Programs of tiny kernels (PPO's 64-unit MLPs on CartPole) lose more to
+    XLA:CPU handing their kernels between threads on different cores than they
+    gain: with one thread, PPO's CartPole training loop took 4.3-4.4 s against
+    4.8-5.1 s on 2 cores (docs/performance.md, "One intra-op thread"). Returns
+    whether it cut the pool; it does nothing with threads = 0 (XLA's default,
+    one per core) or at least the cores there are, on an OS without affinity
+    masks, once JAX's backends exist, on a CPU split into several devices
+    (`split_cpu`: each needs its own thread), or with an accelerator plugin
+    installed (the cut would size the accelerator client's host threads too)."""
+    import importlib.util
+
+    from jax._src import xla_bridge
+
+    if threads <= 0 or not hasattr(os, "sched_setaffinity") or xla_bridge.backends_are_initialized():
+        return False
+    split = getattr(jax.config, "jax_num_cpu_devices", -1) > 1 or (
+        "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+    )
+    accelerator = any(importlib.util.find_spec(name) is not None for name in ("jax_plugins", "libtpu"))
+    cores = os.sched_getaffinity(0)
+    if split or accelerator or threads >= len(cores):
+        return False
+    os.sched_setaffinity(0, set(sorted(cores)[:threads]))
+    try:
+        jax.devices()
+    finally:
+        # Threads started meanwhile (XLA's pools) inherited the cut mask: give each the whole one back.
+        for thread_id in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else [0]:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(thread_id), cores)
+    return True
+
+
 def initialize_distributed(args) -> None:
     """`jax.distributed.initialize` from the shared Args fields, once per
     process, before any other JAX call; a no-op without `args.distributed`.

@@ -488,6 +488,49 @@ def test_split_cpu_gives_a_fresh_process_one_device_per_core_unless_told_otherwi
     assert split_child("", "initialized", "auto") == (1, 1)
 
 
+THREADS_CHILD = """
+import collections, os, sys
+from jaxzoo import parallel
+import jax
+if sys.argv[1] == "initialized":
+    jax.devices()
+cores = os.sched_getaffinity(0)
+cut = parallel.start_cpu_backend(int(sys.argv[2]))
+jax.numpy.ones(3).sum().block_until_ready()
+tasks = os.listdir("/proc/self/task")
+names = collections.Counter(open(f"/proc/self/task/{t}/comm").read().strip() for t in tasks)
+masks = {frozenset(os.sched_getaffinity(int(t))) for t in tasks}
+print(int(cut), names["tf_XLAEigen"], int(masks == {frozenset(cores)}))
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or not Path("/proc/self/task").is_dir() or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux affinity masks and 2 or more cores",
+)
+def test_start_cpu_backend_cuts_the_intra_op_pool_and_gives_every_thread_its_cores_back():
+    """`--cpu-threads 1` (PPO's cartpole presets): XLA:CPU's intra-op pool
+    (its `tf_XLAEigen` threads, one per core by default) is started with one
+    thread, and every thread of the process may run on every core after it.
+    Nothing is cut for 0, for a backend that already exists or for a CPU split
+    into several devices."""
+
+    def child(xla_flags: str, *argv: str) -> tuple[int, int, int]:
+        env = dict(os.environ, XLA_FLAGS=xla_flags)
+        done = subprocess.run(
+            [sys.executable, "-c", THREADS_CHILD, *argv], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        cut, pool, cores_back = (int(v) for v in done.stdout.split()[-3:])
+        return cut, pool, cores_back
+
+    cores = len(os.sched_getaffinity(0))
+    assert child("", "fresh", "1") == (1, 1, 1)
+    assert child("", "fresh", "0") == (0, cores, 1)
+    assert child("", "initialized", "1") == (0, cores, 1)
+    assert child("--xla_force_host_platform_device_count=2", "fresh", "1") == (0, cores, 1)
+
+
 def run_cli_as_a_user(*argv: str) -> str:
     """An algorithm file's command in a fresh process with no device count set
     (as a user runs it, so `split_cpu` decides); returns its stdout and stderr."""
