@@ -261,7 +261,9 @@ def start_cpu_backend(threads: int) -> bool:
     Programs of tiny kernels (PPO's 64-unit MLPs on CartPole) lose more to
     XLA:CPU handing their kernels between threads on different cores than they
     gain: with one thread, PPO's CartPole training loop took 4.3-4.4 s against
-    4.8-5.1 s on 2 cores (docs/performance.md, "One intra-op thread"). Returns
+    4.8-5.1 s on 2 cores, the same bits (docs/performance.md, "One intra-op
+    thread"). Larger kernels lose by it, and convolutions split their work by
+    thread, so their numbers change with the pool's size. Returns
     whether it cut the pool; it does nothing with threads = 0 (XLA's default,
     one per core) or at least the cores there are, on an OS without affinity
     masks, once JAX's backends exist, on a CPU split into several devices

@@ -354,6 +354,21 @@ def test_every_pixel_env_trains(tmp_path, env_id):
     assert np.isfinite(result.eval_returns).all()
 
 
+def test_one_intra_op_thread_only_for_presets_of_mlps():
+    """`cpu_threads = 1` suits tiny MLPs only (docs/ppo.md detail 22): a
+    convolutional torso with one XLA:CPU thread ran pixel-cartpole's training
+    loop 30% slower and to other bits, so no preset that resolves to images
+    may inherit it (pixel-cartpole extends cartpole and sets 0)."""
+    one_thread = []
+    for name in cli.presets("ppo"):
+        args = cli.preset_args(ppo.Args, "ppo", name)
+        if args.cpu_threads == 1:
+            one_thread.append(name)
+            assert args.torso in ("auto", "mlp"), (name, args.torso)
+            assert ":" not in args.env_id and "MinAtar" not in args.env_id, (name, args.env_id)
+    assert {"cartpole", "cartpole-fast"} <= set(one_thread), one_thread
+
+
 @pytest.mark.parametrize("preset, num_envs", [("pixel-cartpole", 8), ("pixel-pendulum", 16)])
 def test_pixel_presets_build_bytes_for_the_nature_torso(tmp_path, preset, num_envs):
     args = dataclasses.replace(cli.preset_args(ppo.Args, "ppo", preset), run_root=str(tmp_path))
