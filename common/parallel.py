@@ -240,16 +240,21 @@ def split_cpu(args, data_size: int | None = None) -> int:
     its devices stay as they are). Accelerators are untouched: on a GPU or TPU
     machine the CPU devices go unused."""
     count = cpu_split(args.parallel, args.num_seeds, args.distributed, available_cores(), data_size)
-    user_set = "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "") or (
-        getattr(jax.config, "jax_num_cpu_devices", -1) != -1
-    )
-    if count <= 1 or user_set:
+    if count <= 1 or cpu_device_count_set():
         return 1
     try:
         jax.config.update("jax_num_cpu_devices", count)
     except RuntimeError:  # JAX refuses once its backends exist
         return 1
     return count
+
+
+def cpu_device_count_set() -> bool:
+    """Whether the CPU device count is already chosen: by the user (XLA_FLAGS'
+    --xla_force_host_platform_device_count or jax_num_cpu_devices) or by
+    `split_cpu`."""
+    forced = "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+    return forced or getattr(jax.config, "jax_num_cpu_devices", -1) != -1
 
 
 def start_cpu_backend(threads: int) -> bool:
@@ -266,8 +271,9 @@ def start_cpu_backend(threads: int) -> bool:
     thread, so their numbers change with the pool's size. Returns
     whether it cut the pool; it does nothing with threads = 0 (XLA's default,
     one per core) or at least the cores there are, on an OS without affinity
-    masks, once JAX's backends exist, on a CPU split into several devices
-    (`split_cpu`: each needs its own thread), or with an accelerator plugin
+    masks, once JAX's backends exist, on a CPU whose device count is already
+    chosen (`split_cpu`'s several devices, each needing its own thread, or the
+    user's count: `cpu_device_count_set`), or with an accelerator plugin
     installed (the cut would size the accelerator client's host threads too)."""
     import importlib.util
 
@@ -275,9 +281,7 @@ def start_cpu_backend(threads: int) -> bool:
 
     if threads <= 0 or not hasattr(os, "sched_setaffinity") or xla_bridge.backends_are_initialized():
         return False
-    split = getattr(jax.config, "jax_num_cpu_devices", -1) > 1 or (
-        "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
-    )
+    split = cpu_device_count_set()  # several CPU devices (or a count the user chose): left as they are
     accelerator = any(importlib.util.find_spec(name) is not None for name in ("jax_plugins", "libtpu"))
     cores = os.sched_getaffinity(0)
     if split or accelerator or threads >= len(cores):
