@@ -5,8 +5,10 @@ several sizes: what decides how long an MPO run takes on a CPU. With
 
     PYTHONPATH=. python benchmarks/mpo_cost.py [--seeds 1 4] [--sizes ablation]
 
-`--sizes ablation` times the 256-256, batch 128 step with one piece changed at a
-time (1 sampled action, batch 64, 8-8 networks) and adds XLA's own count of
+`--sizes pendulum` times only the `pendulum` preset's row (the one
+benchmarks/speed.py compares with Stoix's). `--sizes ablation` times the
+256-256, batch 128 step with one piece changed at a time (1 sampled action,
+batch 64, 8-8 networks) and adds XLA's own count of
 the compiled step (GFLOP, fused kernels, matrix products): where the update's
 time goes (docs/performance.md).
 
@@ -103,7 +105,7 @@ def milliseconds_per_step(overrides: dict, seeds: int = 1, steps: int = 20, repe
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="seed counts to time (vmapped)")
-    parser.add_argument("--sizes", choices=["sizes", "ablation"], default="sizes")
+    parser.add_argument("--sizes", choices=["sizes", "pendulum", "ablation"], default="sizes")
     cli_args = parser.parse_args()
     ablation = cli_args.sizes == "ablation"
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
@@ -114,8 +116,9 @@ def main() -> None:
     columns = [f"ms per step ({n} seed{'s' if n > 1 else ''})" for n in cli_args.seeds]
     columns += ["GFLOP", "fused kernels", "matrix products"] if ablation else []
     print(f"| learner step | {' | '.join(columns)} |\n| --- |{' --- |' * len(columns)}")
-    for label, overrides in ABLATION if ablation else SIZES:
-        cells = [f"{milliseconds_per_step(overrides, n):.1f}" for n in cli_args.seeds]
+    rows = {"sizes": SIZES, "pendulum": SIZES[-1:], "ablation": ABLATION}[cli_args.sizes]
+    for label, overrides in rows:
+        cells = [f"{milliseconds_per_step(overrides, n):.2f}" for n in cli_args.seeds]
         cells += [compiled_counts(overrides)] if ablation else []
         print(f"| {label} | {' | '.join(cells)} |", flush=True)
 

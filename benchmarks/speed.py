@@ -27,9 +27,34 @@ Pairs run by this script so far:
   truncated), stands in for wandb and sets the seed count. dqn.py needs
   flashbax (`pip install --no-deps flashbax==0.1.3`, as in docs/rainbow.md).
 
-The other comparisons in docs/ (UniZero against LightZero, World Models and
-PlaNet against their references) are measured by the scripts their pages name,
-not yet by this one.
+The other pairs of issue 27 are compared on a figure each side reports,
+lower is better, not on whole processes (each side's command is in the JSON
+this script writes):
+
+- `mpo-update` (`--stoix`, a work tree of Stoix, and `--stoix-python`, an
+  environment set up as benchmarks/stoix_mpo_cost.py's docstring says):
+  milliseconds per MPO learner update at equal work, 64-64 networks and the
+  target critic on 128 x 10 sampled actions: ours `benchmarks/mpo_cost.py
+  --sizes pendulum` (the `pendulum` preset, batch 128), Stoix's
+  `benchmarks/stoix_mpo_cost.py --layers 64 64 --batch-size 64` (64 sequences
+  of 2 steps, its pre-sampled row).
+- `planet-plan` (`--kaixhin`, a work tree of Kaixhin/PlaNet, and
+  `--kaixhin-python`, a python with torch): milliseconds per CEM plan at the
+  `cpu` preset's settings, `benchmarks/planet_cost.py --presets cpu
+  --no-episode` against `benchmarks/kaixhin_planet_cost.py --threads 1` (one
+  torch thread: about 3x faster than two on this 2-core machine,
+  docs/planet.md).
+- `unizero-195` (`--lightzero-python`, an environment set up as
+  benchmarks/lightzero_unizero.sh says): seconds from process start to the
+  first evaluation with a mean return >= 195 on CartPole-v0, repeat r being
+  seed r of each side, cold: ours `algos/unizero.py --preset cartpole-v0`
+  with `UNIZERO_FLAGS` (evaluated every 1,000 env steps, 10 greedy episodes,
+  run to 4,000 env steps), its time the seconds outside the training loop
+  (imports, compiling, final writes) plus the loop's seconds at the crossing;
+  LightZero's `benchmarks/lightzero_unizero.py` (its own stop rule: 3 greedy
+  episodes every 250 training iterations, capped at 600 s and 20,000 env
+  steps, one torch thread). A seed that never reaches counts as its whole
+  time, a lower bound, and a median it can move is printed as one (">=").
 """
 
 from __future__ import annotations
@@ -38,14 +63,33 @@ import argparse
 import datetime
 import importlib.util
 import json
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
+from stoix_mpo_cost import row_label as stoix_row_label
 from time_commands import machine, run_once
+from unizero_vs_lightzero import median_of_censored
+
+from jaxzoo import logger
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+# Our side of `unizero-195`: the flags of docs/unizero.md's side-by-side with LightZero
+# (benchmarks/unizero.sh vs-lightzero-interleaved), cold, to 4,000 env steps.
+UNIZERO_FLAGS = (
+    "--preset cartpole-v0 --eval-every 5 --no-compile-cache --total-timesteps 4000 "
+    "--learning-rate 1e-3 --replay-ratio 0.125"
+)
+REACH = 195.0  # CartPole-v0's solved return (issue 27)
+MPO_ROW = "64-64 networks, batch 128 x 10 samples (`pendulum` preset)"  # benchmarks/mpo_cost.py's label of that row
 
 
 RUN_DQN = '''"""PureJaxRL's dqn.py, unchanged, on gymnax >= 1.0 (written by jaxzoo's benchmarks/speed.py).
@@ -155,32 +199,202 @@ def pairs(purejaxrl: Path | None, run_root: Path) -> dict[str, tuple[str, str, s
     return found
 
 
+class FigurePair(NamedTuple):
+    """A pair compared on a figure each side reports, lower is better. Each
+    side is called with the repeat's index (`unizero-195`: the seed) and returns
+    (figure, exact); exact is False for a lower bound (a seed that never reached)."""
+
+    unit: str
+    ours_command: str
+    reference_command: str
+    ours: Callable[[int], tuple[float, bool]]
+    reference: Callable[[int], tuple[float, bool]]
+
+
+def run_capture(command: str, cwd: str | Path | None = None) -> tuple[float, str]:
+    """(wall seconds, standard output) of one run of `command`; a failed run is an error."""
+    start = time.perf_counter()
+    done = subprocess.run(shlex.split(command), cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{command!r} exited with {done.returncode}: {done.stderr[-2000:]}")
+    return wall, done.stdout
+
+
+def table_cell(stdout: str, row_start: str, command: str) -> float:
+    """The number in the last cell of the markdown row of `stdout` that starts with `row_start`."""
+    for line in stdout.splitlines():
+        if line.startswith(row_start):
+            return float(line.rstrip().rstrip("|").rsplit("|", 1)[1])
+    raise RuntimeError(f"{command!r} printed no row starting with {row_start!r}; it printed:\n{stdout[-2000:]}")
+
+
+def printed_figure(command: str, row_start: str) -> Callable[[int], tuple[float, bool]]:
+    """A side whose figure is the last cell of one row of the table its command prints."""
+    return lambda _repeat: (table_cell(run_capture(command, ROOT)[1], row_start, command), True)
+
+
+def json_figure(command: str, out: Path, key: str) -> Callable[[int], tuple[float, bool]]:
+    """A side whose figure is `key` of the first row of the JSON its command writes to `out`."""
+
+    def side(_repeat: int) -> tuple[float, bool]:
+        run_capture(command, ROOT)
+        return float(json.loads(out.read_text())["rows"][0][key]), True
+
+    return side
+
+
+def seconds_to_reach(run_dir: Path, process_wall: float, reach: float = REACH) -> tuple[float, bool]:
+    """Seconds from process start to a one-seed run's first evaluation >= `reach`:
+    the seconds its process spent outside the training loop (`process_wall`
+    less eval.json's train_seconds) plus the loop's seconds at that evaluation
+    (benchmarks/unizero_vs_lightzero.py's count), or (process_wall, False) if
+    no evaluation reached it."""
+    rows = logger.read_metrics(run_dir)
+    outside = process_wall - json.loads((run_dir / "eval.json").read_text())["train_seconds"]
+    evaluated = ~np.isnan(rows["eval_return"])
+    order = np.argsort(rows["global_step"][evaluated])
+    returns, loop_seconds = rows["eval_return"][evaluated][order], rows["wall_seconds"][evaluated][order]
+    reached = np.flatnonzero(returns >= reach)
+    return (float(outside + loop_seconds[reached[0]]), True) if reached.size else (process_wall, False)
+
+
+def unizero_side(run_root: Path) -> tuple[str, Callable[[int], tuple[float, bool]]]:
+    """Our side of `unizero-195`: (its command for seed S, the side)."""
+    command = f"{sys.executable} {ROOT / 'algos' / 'unizero.py'} {UNIZERO_FLAGS}"
+
+    def side(seed: int) -> tuple[float, bool]:
+        root = run_root / f"seed{seed}"
+        wall, _ = run_capture(f"{command} --seed {seed} --run-root {root}", ROOT)
+        (run_dir,) = root.iterdir()
+        return seconds_to_reach(run_dir, wall)
+
+    return f"{command} --seed S", side
+
+
+def lightzero_side(python: str, out_dir: Path) -> tuple[str, Callable[[int], tuple[float, bool]]]:
+    """LightZero's side of `unizero-195`: (its command for seed S, the side),
+    read from the seedS.json that benchmarks/lightzero_unizero.py writes."""
+    command = (
+        f"{python} {BENCHMARKS / 'lightzero_unizero.py'} --out-dir {out_dir} --max-env-step 20000 "
+        "--max-wall-seconds 600 --eval-freq 250 --threads 1"
+    )
+
+    def side(seed: int) -> tuple[float, bool]:
+        run_capture(f"{command} --seed {seed}", ROOT)
+        meta = json.loads((out_dir / f"seed{seed}.json").read_text())
+        if meta["reached"]:
+            return float(meta["wall_seconds_to_reach"]), True
+        return float(meta["total_seconds"]), False
+
+    return f"{command} --seed S", side
+
+
+def figure_pairs(ns: argparse.Namespace, scratch: Path) -> dict[str, FigurePair]:
+    """The pairs compared on a reported figure whose references were given."""
+    python = sys.executable
+    found = {}
+    if ns.stoix and ns.stoix_python:
+        ours = f"{python} {BENCHMARKS / 'mpo_cost.py'} --sizes pendulum"  # the row MPO_ROW names
+        theirs = (
+            f"{ns.stoix_python} {BENCHMARKS / 'stoix_mpo_cost.py'} --stoix {ns.stoix} --layers 64 64 --batch-size 64"
+        )
+        found["mpo-update"] = FigurePair(
+            "ms per learner update",
+            ours,
+            theirs,
+            printed_figure(ours, f"| {MPO_ROW} |"),
+            printed_figure(theirs, f"| {stoix_row_label([64, 64], 64, 10, 2)}, pre-sampled batch |"),
+        )
+    if ns.kaixhin and ns.kaixhin_python:
+        ours_out, theirs_out = scratch / "planet_ours.json", scratch / "planet_kaixhin.json"
+        ours = f"{python} {BENCHMARKS / 'planet_cost.py'} --presets cpu --no-episode --out {ours_out}"
+        theirs = (
+            f"{ns.kaixhin_python} -W ignore {BENCHMARKS / 'kaixhin_planet_cost.py'} --planet {ns.kaixhin} "
+            f"--threads 1 --out {theirs_out}"
+        )
+        found["planet-plan"] = FigurePair(
+            "ms per CEM plan",
+            ours,
+            theirs,
+            json_figure(ours, ours_out, "plan_ms"),
+            json_figure(theirs, theirs_out, "plan_ms"),
+        )
+    if ns.lightzero_python:
+        ours, our_side = unizero_side(scratch / "unizero")
+        theirs, their_side = lightzero_side(ns.lightzero_python, scratch / "lightzero")
+        found["unizero-195"] = FigurePair(
+            f"s from process start to an evaluation >= {REACH:g}", ours, theirs, our_side, their_side
+        )
+    return found
+
+
+def run_figure_pair(name: str, pair: FigurePair, repeats: int) -> dict:
+    """Both sides `repeats` times, alternated; the JSON row of the pair."""
+    figures: dict[str, list[tuple[float, bool]]] = {"ours": [], "reference": []}
+    for repeat in range(repeats):
+        figures["ours"].append(pair.ours(repeat))
+        figures["reference"].append(pair.reference(repeat))
+        print(
+            f"[{name} {repeat + 1}/{repeats}] ours {figures['ours'][-1][0]:.2f}, "
+            f"reference {figures['reference'][-1][0]:.2f} ({pair.unit})",
+            flush=True,
+        )
+    medians = {side: median_of_censored(values) for side, values in figures.items()}
+    return {
+        "pair": name,
+        "unit": pair.unit,
+        "ours": pair.ours_command,
+        "reference": pair.reference_command,
+        "repeats": repeats,
+        "median": {side: m[0] for side, m in medians.items()},
+        "median_exact": {side: m[1] for side, m in medians.items()},
+        "figures": {side: [list(v) for v in values] for side, values in figures.items()},
+        "machine": machine(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--purejaxrl", type=Path, help="a PureJaxRL checkout (the repository or its purejaxrl/ folder)")
+    parser.add_argument("--stoix", type=Path, help="a Stoix work tree (mpo-update, with --stoix-python)")
+    parser.add_argument("--stoix-python", help="the python of an environment with Stoix's dependencies")
+    parser.add_argument("--kaixhin", type=Path, help="a Kaixhin/PlaNet work tree (planet-plan, with --kaixhin-python)")
+    parser.add_argument("--kaixhin-python", help="a python with torch")
+    parser.add_argument("--lightzero-python", help="the python of an environment with lightzero (unizero-195)")
     parser.add_argument(
         "--pairs", nargs="*", help="run only these pairs (default: every pair whose reference is given)"
     )
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each side (unizero-195: seeds 0 .. N-1)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "speed.json")
     ns = parser.parse_args()
     if ns.repeats < 1:
         parser.error(f"--repeats {ns.repeats}: give at least 1")
+    for path, python in ((ns.stoix, ns.stoix_python), (ns.kaixhin, ns.kaixhin_python)):
+        if (path is None) != (python is None):
+            parser.error("give --stoix with --stoix-python, and --kaixhin with --kaixhin-python")
     with tempfile.TemporaryDirectory(prefix="jaxzoo-speed-") as scratch:
         reference = prepare_purejaxrl(ns.purejaxrl, Path(scratch) / "purejaxrl") if ns.purejaxrl else None
-        available = pairs(reference, Path(scratch) / "runs")
-        chosen = ns.pairs or list(available)
+        processes = pairs(reference, Path(scratch) / "runs")
+        figures = figure_pairs(ns, Path(scratch))
+        available = [*processes, *figures]
+        chosen = ns.pairs or available
         unknown = [name for name in chosen if name not in available]
         if unknown or not chosen:
             parser.error(
                 f"pairs {unknown or chosen} cannot run: the pairs available with the references given are "
-                f"{list(available) or 'none'} (--purejaxrl gives ppo-1 and ppo-8, and dqn-1 and dqn-8 "
-                "where its checkout has dqn.py and flashbax is installed)"
+                f"{available or 'none'} (--purejaxrl gives ppo-1 and ppo-8, and dqn-1 and dqn-8 where its "
+                "checkout has dqn.py and flashbax is installed; --stoix and --stoix-python give mpo-update; "
+                "--kaixhin and --kaixhin-python give planet-plan; --lightzero-python gives unizero-195)"
             )
         date = datetime.date.today().isoformat()
-        rows = []
+        rows, figure_rows = [], []
         for name in chosen:
-            ours, theirs, cwd = available[name]
+            if name in figures:
+                figure_rows.append(run_figure_pair(name, figures[name], ns.repeats))
+                continue
+            ours, theirs, cwd = processes[name]
             times: dict[str, list[tuple[float, float, float]]] = {"ours": [], "reference": []}
             for repeat in range(ns.repeats):
                 times["ours"].append(run_once(ours, None))
@@ -205,10 +419,12 @@ def main() -> None:
                     "date": date,
                 }
             )
-    print(
-        "\n| pair | ours, median wall (s) | reference (s) | reference / ours | CPU ratio | peak RSS ours / ref (MiB) | machine, date |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    if rows:
+        print(
+            "\n| pair | ours, median wall (s) | reference (s) | reference / ours | CPU ratio "
+            "| peak RSS ours / ref (MiB) | machine, date |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         wall, cpu, rss = row["median_wall"], row["median_cpu"], row["median_rss_mib"]
         print(
@@ -216,8 +432,25 @@ def main() -> None:
             f"| {cpu['reference'] / cpu['ours']:.2f} | {rss['ours']:.0f} / {rss['reference']:.0f} "
             f"| {row['machine']}, {row['date']} |"
         )
+    if figure_rows:
+        print("\n| pair | figure | ours, median | reference, median | reference / ours | machine, date |")
+        print("| --- | --- | --- | --- | --- | --- |")
+    for row in figure_rows:
+        cells = {
+            side: f"{'' if row['median_exact'][side] else '>= '}{row['median'][side]:.2f}"
+            for side in ("ours", "reference")
+        }
+        ratio = row["median"]["reference"] / row["median"]["ours"]
+        # A lower bound on the reference's side bounds the ratio from below; one on ours, from above.
+        bound = ">= " if not row["median_exact"]["reference"] else "<= " if not row["median_exact"]["ours"] else ""
+        if not row["median_exact"]["reference"] and not row["median_exact"]["ours"]:
+            bound = "~ "  # both sides censored: neither bound holds
+        print(
+            f"| {row['pair']} | {row['unit']} | {cells['ours']} | {cells['reference']} | {bound}{ratio:.2f} "
+            f"| {row['machine']}, {row['date']} |"
+        )
     ns.out.parent.mkdir(parents=True, exist_ok=True)
-    ns.out.write_text(json.dumps(rows, indent=2) + "\n")
+    ns.out.write_text(json.dumps(rows + figure_rows, indent=2) + "\n")
 
 
 if __name__ == "__main__":

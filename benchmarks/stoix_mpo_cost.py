@@ -106,6 +106,15 @@ import types
 STOIX_COMMIT = "8fff19c94a478c1e1ff75fbf10396d488aa25d70"
 
 
+def row_label(layers: list[int], batch_size: int, num_samples: int, sequence_length: int) -> str:
+    """The first cell of this script's rows (benchmarks/speed.py finds its row by it)."""
+    sizes = "-".join(str(n) for n in layers)
+    return (
+        f"Stoix ff_mpo_continuous `_update_epoch`: {sizes} networks, batch {batch_size} x {num_samples} samples, "
+        f"sequences of {sequence_length}"
+    )
+
+
 def compose_config(stoix_dir: str, batch_size: int, sequence_length: int, num_samples: int, layers: list[int]):
     """Stoix's default_ff_mpo_continuous config with our sizes (its hydra search
     path is relative to the repository root, hence the chdir)."""
@@ -232,11 +241,10 @@ def main() -> None:
     presampled, with_sample = milliseconds_per_update(
         stoix_dir, args.batch_size, args.sequence_length, args.num_samples, args.layers
     )
-    sizes = "-".join(str(n) for n in args.layers)
-    label = f"Stoix ff_mpo_continuous `_update_epoch`: {sizes} networks, batch {args.batch_size} x {args.num_samples} samples, sequences of {args.sequence_length}"
+    label = row_label(args.layers, args.batch_size, args.num_samples, args.sequence_length)
     print("| learner step | ms per step (1 seed) |\n| --- | --- |")
-    print(f"| {label}, pre-sampled batch | {presampled:.1f} |")
-    print(f"| {label}, flashbax sample included | {with_sample:.1f} |", flush=True)
+    print(f"| {label}, pre-sampled batch | {presampled:.2f} |")
+    print(f"| {label}, flashbax sample included | {with_sample:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
