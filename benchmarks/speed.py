@@ -42,8 +42,8 @@ this script writes):
   `--kaixhin-python`, a python with torch): milliseconds per CEM plan at the
   `cpu` preset's settings, `benchmarks/planet_cost.py --presets cpu
   --no-episode` against `benchmarks/kaixhin_planet_cost.py --threads 1` (one
-  torch thread: about 3x faster than two on this 2-core machine,
-  docs/planet.md).
+  torch thread, Kaixhin's faster setting on 2 cores: 14.0 against 15.5 ms
+  per plan with two, docs/planet.md).
 - `unizero-195` (`--lightzero-python`, an environment set up as
   benchmarks/lightzero_unizero.sh says): seconds from process start to the
   first evaluation with a mean return >= 195 on CartPole-v0, repeat r being
