@@ -73,12 +73,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
+import unizero_vs_lightzero as vs_lightzero
 from stoix_mpo_cost import row_label as stoix_row_label
 from time_commands import machine, run_once
-from unizero_vs_lightzero import median_of_censored
-
-from jaxzoo import logger
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
@@ -248,15 +245,12 @@ def seconds_to_reach(run_dir: Path, process_wall: float, reach: float = REACH) -
     """Seconds from process start to a one-seed run's first evaluation >= `reach`:
     the seconds its process spent outside the training loop (`process_wall`
     less eval.json's train_seconds) plus the loop's seconds at that evaluation
-    (benchmarks/unizero_vs_lightzero.py's count), or (process_wall, False) if
-    no evaluation reached it."""
-    rows = logger.read_metrics(run_dir)
+    (benchmarks/unizero_vs_lightzero.py's count, by its own functions), or
+    (process_wall, False) if no evaluation reached it."""
+    (curve,) = vs_lightzero.ours(run_dir)
     outside = process_wall - json.loads((run_dir / "eval.json").read_text())["train_seconds"]
-    evaluated = ~np.isnan(rows["eval_return"])
-    order = np.argsort(rows["global_step"][evaluated])
-    returns, loop_seconds = rows["eval_return"][evaluated][order], rows["wall_seconds"][evaluated][order]
-    reached = np.flatnonzero(returns >= reach)
-    return (float(outside + loop_seconds[reached[0]]), True) if reached.size else (process_wall, False)
+    ((seconds, reached),) = vs_lightzero.seconds_to_reach([curve], reach, [outside])
+    return (seconds, True) if reached else (process_wall, False)
 
 
 def unizero_side(run_root: Path) -> tuple[str, Callable[[int], tuple[float, bool]]]:
@@ -340,7 +334,7 @@ def run_figure_pair(name: str, pair: FigurePair, repeats: int) -> dict:
             f"reference {figures['reference'][-1][0]:.2f} ({pair.unit})",
             flush=True,
         )
-    medians = {side: median_of_censored(values) for side, values in figures.items()}
+    medians = {side: vs_lightzero.median_of_censored(values) for side, values in figures.items()}
     return {
         "pair": name,
         "unit": pair.unit,
