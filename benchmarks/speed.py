@@ -48,12 +48,15 @@ this script writes):
   benchmarks/lightzero_unizero.sh says): seconds from process start to the
   first evaluation with a mean return >= 195 on CartPole-v0, repeat r being
   seed r of each side, cold: ours `algos/unizero.py --preset cartpole-v0`
-  with `UNIZERO_FLAGS` (evaluated every 1,000 env steps, 10 greedy episodes,
-  run to 4,000 env steps), its time the seconds outside the training loop
-  (imports, compiling, final writes) plus the loop's seconds at the crossing;
-  LightZero's `benchmarks/lightzero_unizero.py` (its own stop rule: 3 greedy
-  episodes every 250 training iterations, capped at 600 s and 20,000 env
-  steps, one torch thread). A seed that never reaches counts as its whole
+  with `UNIZERO_FLAGS` (evaluated every 1,000 env steps, run to 4,000 env
+  steps) and LightZero's evaluation, 3 greedy episodes
+  (`--unizero-eval-episodes`; the sets of 2026-12-07 and before used 10), its
+  time the seconds outside the training loop (imports, compiling, final
+  writes) plus the loop's seconds at the crossing; LightZero's
+  `benchmarks/lightzero_unizero.py` (its own stop rule: 3 greedy episodes
+  every 250 training iterations, about 1,000 env steps, capped at 20,000 env
+  steps and at its first evaluation past `--lightzero-cap` seconds, 600 by
+  default, one torch thread). A seed that never reaches counts as its whole
   time, a lower bound, and a median it can move is printed as one (">=").
 """
 
@@ -85,6 +88,10 @@ UNIZERO_FLAGS = (
     "--preset cartpole-v0 --eval-every 5 --no-compile-cache --total-timesteps 4000 "
     "--learning-rate 1e-3 --replay-ratio 0.125"
 )
+# LightZero's evaluator plays 3 greedy episodes (`n_evaluator_episode` of its CartPole
+# config): by default ours plays as many, so both sides pass 195 by the same test.
+LIGHTZERO_EVAL_EPISODES = 3
+LIGHTZERO_CAP_SECONDS = 600  # LightZero's side stops at its first evaluation past this (--lightzero-cap)
 REACH = 195.0  # CartPole-v0's solved return (issue 27)
 MPO_ROW = "64-64 networks, batch 128 x 10 samples (`pendulum` preset)"  # benchmarks/mpo_cost.py's label of that row
 
@@ -253,9 +260,12 @@ def seconds_to_reach(run_dir: Path, process_wall: float, reach: float = REACH) -
     return (seconds, True) if reached else (process_wall, False)
 
 
-def unizero_side(run_root: Path) -> tuple[str, Callable[[int], tuple[float, bool]]]:
-    """Our side of `unizero-195`: (its command for seed S, the side)."""
-    command = f"{sys.executable} {ROOT / 'algos' / 'unizero.py'} {UNIZERO_FLAGS}"
+def unizero_side(
+    run_root: Path, eval_episodes: int = LIGHTZERO_EVAL_EPISODES
+) -> tuple[str, Callable[[int], tuple[float, bool]]]:
+    """Our side of `unizero-195`: (its command for seed S, the side), each
+    evaluation `eval_episodes` greedy episodes."""
+    command = f"{sys.executable} {ROOT / 'algos' / 'unizero.py'} {UNIZERO_FLAGS} --eval-episodes {eval_episodes}"
 
     def side(seed: int) -> tuple[float, bool]:
         root = run_root / f"seed{seed}"
@@ -266,12 +276,15 @@ def unizero_side(run_root: Path) -> tuple[str, Callable[[int], tuple[float, bool
     return f"{command} --seed S", side
 
 
-def lightzero_side(python: str, out_dir: Path) -> tuple[str, Callable[[int], tuple[float, bool]]]:
+def lightzero_side(
+    python: str, out_dir: Path, cap_seconds: int = LIGHTZERO_CAP_SECONDS
+) -> tuple[str, Callable[[int], tuple[float, bool]]]:
     """LightZero's side of `unizero-195`: (its command for seed S, the side),
-    read from the seedS.json that benchmarks/lightzero_unizero.py writes."""
+    read from the seedS.json that benchmarks/lightzero_unizero.py writes; a
+    seed stops at its first evaluation past `cap_seconds`."""
     command = (
         f"{python} {BENCHMARKS / 'lightzero_unizero.py'} --out-dir {out_dir} --max-env-step 20000 "
-        "--max-wall-seconds 600 --eval-freq 250 --threads 1"
+        f"--max-wall-seconds {cap_seconds} --eval-freq 250 --threads 1"
     )
 
     def side(seed: int) -> tuple[float, bool]:
@@ -315,8 +328,8 @@ def figure_pairs(ns: argparse.Namespace, scratch: Path) -> dict[str, FigurePair]
             json_figure(theirs, theirs_out, "plan_ms"),
         )
     if ns.lightzero_python:
-        ours, our_side = unizero_side(scratch / "unizero")
-        theirs, their_side = lightzero_side(ns.lightzero_python, scratch / "lightzero")
+        ours, our_side = unizero_side(scratch / "unizero", ns.unizero_eval_episodes)
+        theirs, their_side = lightzero_side(ns.lightzero_python, scratch / "lightzero", ns.lightzero_cap)
         found["unizero-195"] = FigurePair(
             f"s from process start to an evaluation >= {REACH:g}", ours, theirs, our_side, their_side
         )
@@ -358,13 +371,29 @@ def main() -> None:
     parser.add_argument("--kaixhin-python", help="a python with torch")
     parser.add_argument("--lightzero-python", help="the python of an environment with lightzero (unizero-195)")
     parser.add_argument(
+        "--unizero-eval-episodes",
+        type=int,
+        default=LIGHTZERO_EVAL_EPISODES,
+        help="greedy episodes per evaluation of our side of unizero-195 (default: LightZero's 3; "
+        "the sets of 2026-12-07 and before used 10)",
+    )
+    parser.add_argument(
+        "--lightzero-cap",
+        type=int,
+        default=LIGHTZERO_CAP_SECONDS,
+        help="seconds after which LightZero's side stops at its next evaluation (unizero-195)",
+    )
+    parser.add_argument(
         "--pairs", nargs="*", help="run only these pairs (default: every pair whose reference is given)"
     )
     parser.add_argument("--repeats", type=int, default=5, help="runs of each side (unizero-195: seeds 0 .. N-1)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "speed.json")
     ns = parser.parse_args()
-    if ns.repeats < 1:
-        parser.error(f"--repeats {ns.repeats}: give at least 1")
+    for flag, value in (("--repeats", ns.repeats), ("--unizero-eval-episodes", ns.unizero_eval_episodes)):
+        if value < 1:
+            parser.error(f"{flag} {value}: give at least 1")
+    if ns.lightzero_cap < 1:
+        parser.error(f"--lightzero-cap {ns.lightzero_cap}: give a number of seconds, at least 1")
     for path, python in ((ns.stoix, ns.stoix_python), (ns.kaixhin, ns.kaixhin_python)):
         if (path is None) != (python is None):
             parser.error("give --stoix with --stoix-python, and --kaixhin with --kaixhin-python")

@@ -115,7 +115,13 @@ def test_each_reference_side_reads_the_figure_its_script_reports(speed, tmp_path
     stub.chmod(0o755)
     (tmp_path / "lightzero").mkdir()
     ns = argparse.Namespace(
-        stoix=tmp_path, stoix_python=str(stub), kaixhin=tmp_path, kaixhin_python=str(stub), lightzero_python=str(stub)
+        stoix=tmp_path,
+        stoix_python=str(stub),
+        kaixhin=tmp_path,
+        kaixhin_python=str(stub),
+        lightzero_python=str(stub),
+        unizero_eval_episodes=3,
+        lightzero_cap=900,
     )
     found = speed.figure_pairs(ns, tmp_path)
     assert list(found) == ["mpo-update", "planet-plan", "unizero-195"]
@@ -124,6 +130,9 @@ def test_each_reference_side_reads_the_figure_its_script_reports(speed, tmp_path
     assert found["unizero-195"].reference(0) == (200.0, True)
     assert found["unizero-195"].reference(1) == (600.5, False)  # unreached: its whole time, a lower bound
     assert "--seed S" in found["unizero-195"].ours_command and "--no-compile-cache" in found["unizero-195"].ours_command
+    # Both sides pass 195 by LightZero's test (3 greedy episodes); LightZero stops past the cap given.
+    assert "--eval-episodes 3" in found["unizero-195"].ours_command
+    assert "--max-wall-seconds 900" in found["unizero-195"].reference_command
     none = argparse.Namespace(stoix=None, stoix_python=None, kaixhin=None, kaixhin_python=None, lightzero_python=None)
     assert speed.figure_pairs(none, tmp_path) == {}
 
@@ -138,3 +147,8 @@ def test_speed_names_the_references_a_pair_needs(speed, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         speed.main()
     assert "give --stoix with --stoix-python" in capsys.readouterr().err
+    for flag in ("--unizero-eval-episodes", "--lightzero-cap"):
+        monkeypatch.setattr(sys, "argv", ["speed.py", flag, "0"])
+        with pytest.raises(SystemExit):
+            speed.main()
+        assert f"{flag} 0: give" in capsys.readouterr().err
