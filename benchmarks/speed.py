@@ -58,6 +58,9 @@ this script writes):
   steps and at its first evaluation past `--lightzero-cap` seconds, 600 by
   default, one torch thread). A seed that never reaches counts as its whole
   time, a lower bound, and a median it can move is printed as one (">=").
+  The JSON row also gives each side's env steps at its crossing
+  (`env_steps_at_reach`, None where unreached): the issue allows no loss of
+  sample efficiency.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import unizero_vs_lightzero as vs_lightzero
 from stoix_mpo_cost import row_label as stoix_row_label
 from time_commands import machine, run_once
@@ -191,7 +195,7 @@ def pairs(purejaxrl: Path | None, run_root: Path) -> dict[str, tuple[str, str, s
     """name -> (our command, the reference's command, the reference's working directory)."""
     python = sys.executable
     ppo = f"{python} {ROOT / 'algos' / 'ppo.py'} --preset cartpole --no-compile-cache --run-root {run_root}"
-    found = {}
+    found: dict[str, tuple[str, str, str | None]] = {}
     if purejaxrl is not None:
         folder = str(purejaxrl)
         found["ppo-1"] = (ppo, f"{python} ppo_nodebug.py", folder)
@@ -213,6 +217,9 @@ class FigurePair(NamedTuple):
     reference_command: str
     ours: Callable[[int], tuple[float, bool]]
     reference: Callable[[int], tuple[float, bool]]
+    # What else the sides record per repeat, written into the pair's JSON row under
+    # its key (unizero-195: "env_steps_at_reach", each side's list, None where unreached).
+    extra: dict[str, dict[str, list]] | None = None
 
 
 def run_capture(command: str, cwd: str | Path | None = None) -> tuple[float, str]:
@@ -260,28 +267,39 @@ def seconds_to_reach(run_dir: Path, process_wall: float, reach: float = REACH) -
     return (seconds, True) if reached else (process_wall, False)
 
 
+def env_steps_to_reach(run_dir: Path, reach: float = REACH) -> int | None:
+    """Env steps of a one-seed run at its first evaluation >= `reach` (None: never)."""
+    ((env_steps, _, returns),) = vs_lightzero.ours(run_dir)
+    hit = np.flatnonzero(returns >= reach)
+    return int(env_steps[hit[0]]) if hit.size else None
+
+
 def unizero_side(
-    run_root: Path, eval_episodes: int = LIGHTZERO_EVAL_EPISODES
+    run_root: Path, eval_episodes: int = LIGHTZERO_EVAL_EPISODES, env_steps: list | None = None
 ) -> tuple[str, Callable[[int], tuple[float, bool]]]:
     """Our side of `unizero-195`: (its command for seed S, the side), each
-    evaluation `eval_episodes` greedy episodes."""
+    evaluation `eval_episodes` greedy episodes; each seed's env steps at its
+    crossing (None: never) are appended to `env_steps`."""
     command = f"{sys.executable} {ROOT / 'algos' / 'unizero.py'} {UNIZERO_FLAGS} --eval-episodes {eval_episodes}"
 
     def side(seed: int) -> tuple[float, bool]:
         root = run_root / f"seed{seed}"
         wall, _ = run_capture(f"{command} --seed {seed} --run-root {root}", ROOT)
         (run_dir,) = root.iterdir()
+        if env_steps is not None:
+            env_steps.append(env_steps_to_reach(run_dir))
         return seconds_to_reach(run_dir, wall)
 
     return f"{command} --seed S", side
 
 
 def lightzero_side(
-    python: str, out_dir: Path, cap_seconds: int = LIGHTZERO_CAP_SECONDS
+    python: str, out_dir: Path, cap_seconds: int = LIGHTZERO_CAP_SECONDS, env_steps: list | None = None
 ) -> tuple[str, Callable[[int], tuple[float, bool]]]:
     """LightZero's side of `unizero-195`: (its command for seed S, the side),
     read from the seedS.json that benchmarks/lightzero_unizero.py writes; a
-    seed stops at its first evaluation past `cap_seconds`."""
+    seed stops at its first evaluation past `cap_seconds`, and its env steps
+    at the crossing (None: never) are appended to `env_steps`."""
     command = (
         f"{python} {BENCHMARKS / 'lightzero_unizero.py'} --out-dir {out_dir} --max-env-step 20000 "
         f"--max-wall-seconds {cap_seconds} --eval-freq 250 --threads 1"
@@ -290,6 +308,8 @@ def lightzero_side(
     def side(seed: int) -> tuple[float, bool]:
         run_capture(f"{command} --seed {seed}", ROOT)
         meta = json.loads((out_dir / f"seed{seed}.json").read_text())
+        if env_steps is not None:
+            env_steps.append(meta["env_steps_to_reach"])
         if meta["reached"]:
             return float(meta["wall_seconds_to_reach"]), True
         return float(meta["total_seconds"]), False
@@ -328,10 +348,19 @@ def figure_pairs(ns: argparse.Namespace, scratch: Path) -> dict[str, FigurePair]
             json_figure(theirs, theirs_out, "plan_ms"),
         )
     if ns.lightzero_python:
-        ours, our_side = unizero_side(scratch / "unizero", ns.unizero_eval_episodes)
-        theirs, their_side = lightzero_side(ns.lightzero_python, scratch / "lightzero", ns.lightzero_cap)
+        # Issue 27 asks for no loss of sample efficiency: each side's env steps at its crossing.
+        env_steps: dict[str, list] = {"ours": [], "reference": []}
+        ours, our_side = unizero_side(scratch / "unizero", ns.unizero_eval_episodes, env_steps["ours"])
+        theirs, their_side = lightzero_side(
+            ns.lightzero_python, scratch / "lightzero", ns.lightzero_cap, env_steps["reference"]
+        )
         found["unizero-195"] = FigurePair(
-            f"s from process start to an evaluation >= {REACH:g}", ours, theirs, our_side, their_side
+            f"s from process start to an evaluation >= {REACH:g}",
+            ours,
+            theirs,
+            our_side,
+            their_side,
+            {"env_steps_at_reach": env_steps},
         )
     return found
 
@@ -357,6 +386,7 @@ def run_figure_pair(name: str, pair: FigurePair, repeats: int) -> dict:
         "median": {side: m[0] for side, m in medians.items()},
         "median_exact": {side: m[1] for side, m in medians.items()},
         "figures": {side: [list(v) for v in values] for side, values in figures.items()},
+        **(pair.extra or {}),
         "machine": machine(),
         "date": datetime.date.today().isoformat(),
     }

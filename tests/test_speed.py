@@ -57,8 +57,10 @@ def test_seconds_to_reach_add_the_time_outside_the_loop_to_the_loops_at_the_cros
     write_run(tmp_path / "a", [(1000, 12.0, 150.0), (2000, 25.0, 196.5), (3000, 38.0, 200.0)], train_seconds=30.0)
     # 40 s of process, 30 s of loop: 10 s outside it, plus 25 s of loop at the first 195.
     assert speed.seconds_to_reach(tmp_path / "a", 40.0) == (35.0, True)
+    assert speed.env_steps_to_reach(tmp_path / "a") == 2000
     write_run(tmp_path / "b", [(1000, 12.0, 150.0), (2000, 25.0, 194.9)], train_seconds=30.0)
     assert speed.seconds_to_reach(tmp_path / "b", 40.0) == (40.0, False)  # never reached: the whole process, a bound
+    assert speed.env_steps_to_reach(tmp_path / "b") is None
 
 
 def test_a_figure_pair_alternates_its_sides_and_bounds_a_censored_median(speed):
@@ -81,6 +83,8 @@ def test_a_figure_pair_alternates_its_sides_and_bounds_a_censored_median(speed):
     assert row["median"] == {"ours": 40.0, "reference": 300.0}
     assert row["median_exact"] == {"ours": True, "reference": True}
     assert row["figures"]["reference"][1] == [500.0, False]
+    with_extra = pair._replace(extra={"env_steps_at_reach": {"ours": [2000], "reference": [None]}})
+    assert speed.run_figure_pair("y", with_extra, 1)["env_steps_at_reach"] == {"ours": [2000], "reference": [None]}
     censored = speed.FigurePair("s", "o", "r", side("ours", [(60.0, False)] * 3), side("ref", theirs))
     assert speed.run_figure_pair("x", censored, 3)["median_exact"]["ours"] is False
 
@@ -102,7 +106,8 @@ STUB = '''\
     elif script.endswith("lightzero_unizero.py"):
         seed = int(flag("--seed"))
         reached = seed != 1
-        meta = {"reached": reached, "wall_seconds_to_reach": 200.0 + seed if reached else None, "total_seconds": 600.5}
+        meta = {"reached": reached, "wall_seconds_to_reach": 200.0 + seed if reached else None, "total_seconds": 600.5,
+                "env_steps_to_reach": 4000 + seed if reached else None}
         json.dump(meta, open(flag("--out-dir") + f"/seed{seed}.json", "w"))
     else:
         sys.exit(f"stub: unexpected script {script}")
@@ -129,6 +134,8 @@ def test_each_reference_side_reads_the_figure_its_script_reports(speed, tmp_path
     assert found["planet-plan"].reference(0) == (3.5, True)
     assert found["unizero-195"].reference(0) == (200.0, True)
     assert found["unizero-195"].reference(1) == (600.5, False)  # unreached: its whole time, a lower bound
+    # Sample efficiency beside the time: each side's env steps at its crossing land in the row.
+    assert found["unizero-195"].extra == {"env_steps_at_reach": {"ours": [], "reference": [4000, None]}}
     assert "--seed S" in found["unizero-195"].ours_command and "--no-compile-cache" in found["unizero-195"].ours_command
     # Both sides pass 195 by LightZero's test (3 greedy episodes); LightZero stops past the cap given.
     assert "--eval-episodes 3" in found["unizero-195"].ours_command
