@@ -90,6 +90,15 @@ because ff_mpo_continuous.py imports Stoix's logger at module level, wandb
 0.19.8, neptune 1.13.0, tensorboard-logger 0.1.0, pandas 2.2.3 and protobuf
 3.20.3 (Stoix's pin; tensorboard-logger's generated protos need it). Nothing
 is stubbed.
+
+On our jax, to tell Stoix's code from its XLA (docs/performance.md, "MPO
+against Stoix on one jax"): the same Stoix work tree and this script also run
+in a second environment with the jax stack of ours, jax 0.10.2, jaxlib
+0.10.2, flax 0.12.8, optax 0.2.8, chex 0.1.92, distrax 0.1.9, rlax 0.1.9,
+numpy 2.4.6 and tfp-nightly 0.26.0.dev20261027 (tensorflow-probability 0.25.0
+does not import on jax 0.10: `jax.interpreters.xla.pytype_aval_mappings` is
+gone), with flashbax 0.1.3, stoa-env 0.1.2 and gymnax 0.0.9 --no-deps and the
+other packages of the list above at its versions. Nothing in Stoix is changed.
 """
 
 from __future__ import annotations
