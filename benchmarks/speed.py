@@ -47,10 +47,12 @@ this script writes):
 - `unizero-195` (`--lightzero-python`, an environment set up as
   benchmarks/lightzero_unizero.sh says): seconds from process start to the
   first evaluation with a mean return >= 195 on CartPole-v0, repeat r being
-  seed r of each side, cold: ours `algos/unizero.py --preset cartpole-v0`
+  seed r of each side: ours `algos/unizero.py --preset cartpole-v0`
   with `UNIZERO_FLAGS` (evaluated every 1,000 env steps, run to 4,000 env
   steps) and LightZero's evaluation, 3 greedy episodes
-  (`--unizero-eval-episodes`; the sets of 2026-12-07 and before used 10), its
+  (`--unizero-eval-episodes`; the sets of 2026-12-07 and before used 10),
+  cold unless `--unizero-warm-cache` (JAX's compilation cache, the file's
+  default, filled by one untimed run before the first timed one), its
   time the seconds outside the training loop (imports, compiling, final
   writes) plus the loop's seconds at the crossing; LightZero's
   `benchmarks/lightzero_unizero.py` (its own stop rule: 3 greedy episodes
@@ -69,6 +71,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -88,10 +91,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 # Our side of `unizero-195`: the flags of docs/unizero.md's side-by-side with LightZero
 # (benchmarks/unizero.sh vs-lightzero-interleaved), cold, to 4,000 env steps.
-UNIZERO_FLAGS = (
-    "--preset cartpole-v0 --eval-every 5 --no-compile-cache --total-timesteps 4000 "
-    "--learning-rate 1e-3 --replay-ratio 0.125"
-)
+UNIZERO_FLAGS = "--preset cartpole-v0 --eval-every 5 --total-timesteps 4000 --learning-rate 1e-3 --replay-ratio 0.125"
 # LightZero's evaluator plays 3 greedy episodes (`n_evaluator_episode` of its CartPole
 # config): by default ours plays as many, so both sides pass 195 by the same test.
 LIGHTZERO_EVAL_EPISODES = 3
@@ -222,10 +222,13 @@ class FigurePair(NamedTuple):
     extra: dict[str, dict[str, list]] | None = None
 
 
-def run_capture(command: str, cwd: str | Path | None = None) -> tuple[float, str]:
-    """(wall seconds, standard output) of one run of `command`; a failed run is an error."""
+def run_capture(command: str, cwd: str | Path | None = None, env: dict[str, str] | None = None) -> tuple[float, str]:
+    """(wall seconds, standard output) of one run of `command` (with `env`, the
+    environment variables added to this process's); a failed run is an error."""
     start = time.perf_counter()
-    done = subprocess.run(shlex.split(command), cwd=cwd, capture_output=True, text=True)
+    done = subprocess.run(
+        shlex.split(command), cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{command!r} exited with {done.returncode}: {done.stderr[-2000:]}")
@@ -275,22 +278,38 @@ def env_steps_to_reach(run_dir: Path, reach: float = REACH) -> int | None:
 
 
 def unizero_side(
-    run_root: Path, eval_episodes: int = LIGHTZERO_EVAL_EPISODES, env_steps: list | None = None
+    run_root: Path,
+    eval_episodes: int = LIGHTZERO_EVAL_EPISODES,
+    env_steps: list | None = None,
+    warm_cache: Path | None = None,
 ) -> tuple[str, Callable[[int], tuple[float, bool]]]:
     """Our side of `unizero-195`: (its command for seed S, the side), each
     evaluation `eval_episodes` greedy episodes; each seed's env steps at its
-    crossing (None: never) are appended to `env_steps`."""
+    crossing (None: never) are appended to `env_steps`. Cold unless
+    `warm_cache`: then JAX's persistent compilation cache in that folder (the
+    file's default, `--compile-cache`), filled by one untimed run of the same
+    command before the first timed one, as a user's second run finds it."""
     command = f"{sys.executable} {ROOT / 'algos' / 'unizero.py'} {UNIZERO_FLAGS} --eval-episodes {eval_episodes}"
+    env = None
+    if warm_cache is None:
+        command += " --no-compile-cache"
+    else:
+        env = {"JAXZOO_CACHE_DIR": str(warm_cache)}
+    filled: list[Path] = []
 
     def side(seed: int) -> tuple[float, bool]:
+        if env is not None and not filled:
+            filled.append(run_root / "fill_cache")
+            run_capture(f"{command} --seed {seed} --run-root {filled[0]}", ROOT, env)
         root = run_root / f"seed{seed}"
-        wall, _ = run_capture(f"{command} --seed {seed} --run-root {root}", ROOT)
+        wall, _ = run_capture(f"{command} --seed {seed} --run-root {root}", ROOT, env)
         (run_dir,) = root.iterdir()
         if env_steps is not None:
             env_steps.append(env_steps_to_reach(run_dir))
         return seconds_to_reach(run_dir, wall)
 
-    return f"{command} --seed S", side
+    shown = command if env is None else f"JAXZOO_CACHE_DIR={warm_cache} {command} (after one untimed run)"
+    return f"{shown} --seed S", side
 
 
 def lightzero_side(
@@ -350,7 +369,8 @@ def figure_pairs(ns: argparse.Namespace, scratch: Path) -> dict[str, FigurePair]
     if ns.lightzero_python:
         # Issue 27 asks for no loss of sample efficiency: each side's env steps at its crossing.
         env_steps: dict[str, list] = {"ours": [], "reference": []}
-        ours, our_side = unizero_side(scratch / "unizero", ns.unizero_eval_episodes, env_steps["ours"])
+        cache = scratch / "compile_cache" if ns.unizero_warm_cache else None
+        ours, our_side = unizero_side(scratch / "unizero", ns.unizero_eval_episodes, env_steps["ours"], cache)
         theirs, their_side = lightzero_side(
             ns.lightzero_python, scratch / "lightzero", ns.lightzero_cap, env_steps["reference"]
         )
@@ -406,6 +426,12 @@ def main() -> None:
         default=LIGHTZERO_EVAL_EPISODES,
         help="greedy episodes per evaluation of our side of unizero-195 (default: LightZero's 3; "
         "the sets of 2026-12-07 and before used 10)",
+    )
+    parser.add_argument(
+        "--unizero-warm-cache",
+        action="store_true",
+        help="run our side of unizero-195 with JAX's compilation cache (the file's default), filled by one "
+        "untimed run first; default: cold, --no-compile-cache",
     )
     parser.add_argument(
         "--lightzero-cap",

@@ -63,6 +63,29 @@ def test_seconds_to_reach_add_the_time_outside_the_loop_to_the_loops_at_the_cros
     assert speed.env_steps_to_reach(tmp_path / "b") is None
 
 
+def test_our_unizero_side_runs_cold_or_fills_a_cache_once_before_its_timed_runs(speed, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(command, cwd=None, env=None):  # stands in for a unizero.py process: writes a run like its
+        root = Path(command.split("--run-root ")[1])
+        calls.append((root.name, "--no-compile-cache" in command, env))
+        write_run(root / "run", [(1000, 12.0, 150.0), (2000, 25.0, 196.5)], train_seconds=30.0)
+        return 40.0, ""
+
+    monkeypatch.setattr(speed, "run_capture", fake_run)
+    steps: list = []
+    command, side = speed.unizero_side(tmp_path / "cold", 3, steps)
+    assert side(0) == (35.0, True) and steps == [2000]
+    assert "--no-compile-cache" in command and calls == [("seed0", True, None)]
+    calls.clear()
+    command, side = speed.unizero_side(tmp_path / "warm", 3, None, tmp_path / "cache")
+    side(0), side(1)
+    cache = {"JAXZOO_CACHE_DIR": str(tmp_path / "cache")}
+    # One untimed run fills the cache, then every timed run reads it; none turns the cache off.
+    assert calls == [("fill_cache", False, cache), ("seed0", False, cache), ("seed1", False, cache)]
+    assert command.startswith(f"JAXZOO_CACHE_DIR={tmp_path / 'cache'} ") and "--no-compile-cache" not in command
+
+
 def test_a_figure_pair_alternates_its_sides_and_bounds_a_censored_median(speed):
     calls = []
 
@@ -126,6 +149,7 @@ def test_each_reference_side_reads_the_figure_its_script_reports(speed, tmp_path
         kaixhin_python=str(stub),
         lightzero_python=str(stub),
         unizero_eval_episodes=3,
+        unizero_warm_cache=False,
         lightzero_cap=900,
     )
     found = speed.figure_pairs(ns, tmp_path)
