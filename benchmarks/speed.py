@@ -308,8 +308,9 @@ def unizero_side(
             env_steps.append(env_steps_to_reach(run_dir))
         return seconds_to_reach(run_dir, wall)
 
-    shown = command if env is None else f"JAXZOO_CACHE_DIR={warm_cache} {command} (after one untimed run)"
-    return f"{shown} --seed S", side
+    if env is None:
+        return f"{command} --seed S", side
+    return f"JAXZOO_CACHE_DIR={warm_cache} {command} --seed S, after one untimed run", side
 
 
 def lightzero_side(
