@@ -90,7 +90,8 @@ from time_commands import machine, run_once
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 # Our side of `unizero-195`: the flags of docs/unizero.md's side-by-side with LightZero
-# (benchmarks/unizero.sh vs-lightzero-interleaved), cold, to 4,000 env steps.
+# (benchmarks/unizero.sh vs-lightzero-interleaved), to 4,000 env steps; `unizero_side` adds
+# --no-compile-cache (cold) unless --unizero-warm-cache.
 UNIZERO_FLAGS = "--preset cartpole-v0 --eval-every 5 --total-timesteps 4000 --learning-rate 1e-3 --replay-ratio 0.125"
 # LightZero's evaluator plays 3 greedy episodes (`n_evaluator_episode` of its CartPole
 # config): by default ours plays as many, so both sides pass 195 by the same test.
