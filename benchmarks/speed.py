@@ -82,7 +82,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import unizero_vs_lightzero as vs_lightzero
 from stoix_mpo_cost import row_label as stoix_row_label
 from time_commands import machine, run_once
@@ -274,8 +273,8 @@ def seconds_to_reach(run_dir: Path, process_wall: float, reach: float = REACH) -
 def env_steps_to_reach(run_dir: Path, reach: float = REACH) -> int | None:
     """Env steps of a one-seed run at its first evaluation >= `reach` (None: never)."""
     ((env_steps, _, returns),) = vs_lightzero.ours(run_dir)
-    hit = np.flatnonzero(returns >= reach)
-    return int(env_steps[hit[0]]) if hit.size else None
+    at = vs_lightzero.crossing(returns, reach)
+    return None if at is None else int(env_steps[at])
 
 
 def unizero_side(
@@ -296,12 +295,13 @@ def unizero_side(
         command += " --no-compile-cache"
     else:
         env = {"JAXZOO_CACHE_DIR": str(warm_cache)}
-    filled: list[Path] = []
+    cache_filled = False
 
     def side(seed: int) -> tuple[float, bool]:
-        if env is not None and not filled:
-            filled.append(run_root / "fill_cache")
-            run_capture(f"{command} --seed {seed} --run-root {filled[0]}", ROOT, env)
+        nonlocal cache_filled
+        if env is not None and not cache_filled:
+            run_capture(f"{command} --seed {seed} --run-root {run_root / 'fill_cache'}", ROOT, env)
+            cache_filled = True
         root = run_root / f"seed{seed}"
         wall, _ = run_capture(f"{command} --seed {seed} --run-root {root}", ROOT, env)
         (run_dir,) = root.iterdir()

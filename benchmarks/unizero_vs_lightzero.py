@@ -90,11 +90,17 @@ def lightzero_cpu(csv_path: Path) -> list[str]:
             f"({row['cpu_seconds']} s for {row['env_steps']} env steps)" for _, row in sorted(last.items())]
 
 
+def crossing(returns: np.ndarray, target: float) -> int | None:
+    """Index of the first evaluation whose return is >= target (None: none is)."""
+    hit = np.flatnonzero(returns >= target)
+    return int(hit[0]) if hit.size else None
+
+
 def first_reach(curves, target: float) -> list[str]:
     cells = []
     for steps, seconds, returns in curves:
-        hit = np.flatnonzero(returns >= target)
-        cells.append(f"{steps[hit[0]]:,.0f} steps, {seconds[hit[0]]:,.0f} s" if hit.size
+        at = crossing(returns, target)
+        cells.append(f"{steps[at]:,.0f} steps, {seconds[at]:,.0f} s" if at is not None
                      else f"not reached by {steps[-1]:,.0f} steps, {seconds[-1]:,.0f} s")
     return cells
 
@@ -104,8 +110,8 @@ def seconds_to_reach(curves, target: float, offsets) -> list[tuple[float, bool]]
     whether it was reached); an unreached seed gives its last evaluation's."""
     out = []
     for (_, seconds, returns), offset in zip(curves, offsets):
-        hit = np.flatnonzero(returns >= target)
-        out.append((float(seconds[hit[0] if hit.size else -1] + offset), bool(hit.size)))
+        at = crossing(returns, target)
+        out.append((float(seconds[-1 if at is None else at] + offset), at is not None))
     return out
 
 
